@@ -1,0 +1,29 @@
+"""ASGI entry point for daphne: HTTP (dashboard, API) and WebSockets."""
+
+import os
+import sys
+
+from django.core.exceptions import ImproperlyConfigured
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+try:
+    from django.core.asgi import get_asgi_application
+
+    # Django must be set up before anything imports models (the routing below does).
+    django_asgi_app = get_asgi_application()
+except ImproperlyConfigured as exc:
+    sys.exit(f"airlock: configuration error: {exc}")
+
+from channels.auth import AuthMiddlewareStack
+from channels.routing import ProtocolTypeRouter, URLRouter
+from channels.security.websocket import AllowedHostsOriginValidator
+
+from controlplane.routing import websocket_urlpatterns
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

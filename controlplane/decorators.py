@@ -1,0 +1,26 @@
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+
+from controlplane.selectors import membership_for
+
+
+def tenant_view(action: str = "read"):
+    """Resolve `tenant_slug` to the user's membership (404 for outsiders), check the role
+    matrix for `action` (403), and hand the view `request.membership` and `request.tenant`."""
+
+    def decorator(view):
+        @login_required
+        @wraps(view)
+        def wrapper(request, tenant_slug: str, *args, **kwargs):
+            membership = membership_for(request.user, tenant_slug)
+            if not membership.can(action):
+                raise PermissionDenied(f"your role {membership.role_name} cannot {action.replace('_', ' ')}")
+            request.membership = membership
+            request.tenant = membership.tenant
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator

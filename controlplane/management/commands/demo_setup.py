@@ -1,0 +1,57 @@
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from controlplane import services
+from controlplane.models import ApiKey, ApiKeyScope, Membership, Tenant
+from controlplane.roles import Role
+
+DEMO_TENANT, DEMO_USER, DEMO_KEY = "demo", "admin", "demo-agent"
+
+
+class Command(BaseCommand):
+    help = (
+        "Create the demo tenant with an admin user and an API key, printing both once. "
+        "Re-running keeps everything and prints no secret unless --reset-credentials is given."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--reset-credentials", action="store_true",
+            help="set a new admin password and replace the demo API key (the old one is revoked)",
+        )
+
+    def handle(self, *args, reset_credentials=False, **options):
+        tenant = Tenant.objects.filter(slug=DEMO_TENANT).first()
+        if tenant is not None and not reset_credentials:
+            self.stdout.write(
+                f"Demo tenant '{DEMO_TENANT}' already exists; its credentials were printed when it was created.\n"
+                "To mint new ones: .venv/bin/python manage.py demo_setup --reset-credentials"
+            )
+            return
+        with transaction.atomic():
+            password, key = self._set_up(tenant)
+        self.stdout.write(self.style.SUCCESS("\nAirlock demo tenant ready. These secrets are shown once:\n"))
+        self.stdout.write(f"  Dashboard  http://127.0.0.1:8000/   user: {DEMO_USER}   password: {password}")
+        self.stdout.write(f"  API key    {key}")
+        self.stdout.write(f"  Try it     curl -H 'Authorization: Bearer {key}' http://127.0.0.1:8000/api/v1/whoami\n")
+
+    def _set_up(self, tenant):
+        User = get_user_model()
+        if tenant is None:
+            tenant = services.tenant_create(slug=DEMO_TENANT, name="Demo")
+        user = User.objects.filter(username=DEMO_USER).first()
+        if user is None:
+            new_user = services.user_create(username=DEMO_USER)
+            user, password = new_user.user, new_user.password
+        else:
+            password = services.user_reset_password(user=user)
+        if not Membership.objects.filter(tenant=tenant, user=user).exists():
+            services.membership_add(tenant=tenant, user=user, role=Role.TENANT_ADMIN)
+        for old in ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY, revoked_at__isnull=True):
+            services.api_key_revoke(api_key=old, actor=None)
+        new_key = services.api_key_create(
+            tenant=tenant, name=DEMO_KEY, actor=None,
+            scopes=[ApiKeyScope.SESSIONS, ApiKeyScope.POLICIES_READ],
+        )
+        return password, new_key.key

@@ -1,0 +1,35 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from controlplane import views
+from controlplane.api.views import healthz
+
+tenant_patterns = [
+    path("audit/", views.audit, name="audit"),
+    path("settings/", views.settings_page, name="settings"),
+    path("settings/members/add", views.member_add, name="member-add"),
+    path("settings/members/<int:membership_id>/role", views.member_role, name="member-role"),
+    path("settings/members/<int:membership_id>/remove", views.member_remove, name="member-remove"),
+    path("settings/keys/create", views.api_key_create, name="api-key-create"),
+    path("settings/keys/<uuid:key_id>/revoke", views.api_key_revoke, name="api-key-revoke"),
+    path("", include("sessions.urls")),
+    path("", include("policies_app.urls")),
+]
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("t/<slug:tenant_slug>/", include(tenant_patterns)),
+    path("api/v1/", include("controlplane.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+]
+
+handler403 = "controlplane.errors.forbidden"
+handler404 = "controlplane.errors.not_found"
+handler500 = "controlplane.errors.server_error"

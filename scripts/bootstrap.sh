@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates .venv and installs Airlock's pinned dependencies (`dev` adds the test tools).
+# Re-runs are instant: a stamp records what the environment was installed from.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extra=${1:-}
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+if [ ! -x .venv/bin/python ]; then
+  say "Creating .venv with $(python3 --version)"
+  python3 -m venv .venv
+fi
+target=.
+[ "$extra" = dev ] && target=".[dev]"
+stamp=".venv/.airlock-installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)-${extra:-base}"
+if [ ! -f "$stamp" ] && [ ! -f "${stamp%-base}-dev" ]; then
+  say "Installing Python packages into .venv (pinned in pyproject.toml and constraints.txt)"
+  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar on -q --upgrade pip
+  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar on -c constraints.txt -e "$target"
+  rm -f .venv/.airlock-installed-*
+  touch "$stamp"
+fi

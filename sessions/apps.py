@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class AgentSessionsConfig(AppConfig):
+    # `sessions` would clash with django.contrib.sessions.
+    name = "sessions"
+    label = "agent_sessions"
+    verbose_name = "Agent sessions"
+    default_auto_field = "django.db.models.BigAutoField"

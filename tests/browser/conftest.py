@@ -1,0 +1,107 @@
+"""Real Chromium (Debian's /usr/bin/chromium) driven by Playwright, against a real daphne server
+started the way `make run` starts it: fresh data directory, migrate, demo_setup, daphne."""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]
+
+
+def _require_chromium() -> None:
+    if Path(CHROMIUM).exists():
+        return
+    message = "Chromium is not installed (apt-get install chromium)"
+    if os.environ.get("AIRLOCK_REQUIRE_BROWSER") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@dataclass
+class DemoServer:
+    url: str
+    password: str
+    api_key: str
+    env: dict
+
+    def manage(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
+                              text=True, timeout=60, check=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_until_listening(port: int, process: subprocess.Popen, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"daphne exited: {process.stdout.read()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("daphne did not start listening")
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("airlock-data")
+    port = _free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}},
+        "AIRLOCK_DATA_DIR": str(data_dir),
+        "SECRET_KEY": "browser-test-secret-key-" + "x" * 40,
+    }
+    server = DemoServer(url=f"http://127.0.0.1:{port}", password="", api_key="", env=env)
+    assert server.manage("migrate", "--no-input").returncode == 0
+    printed = server.manage("demo_setup").stdout
+    server.password = re.search(r"password: (\S+)", printed).group(1)
+    server.api_key = re.search(r"API key\s+(alk_\S+)", printed).group(1)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        _wait_until_listening(port, process)
+        yield server
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    _require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1360, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    yield page
+    context.close()

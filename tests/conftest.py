@@ -1,0 +1,83 @@
+"""Shared fixtures. The cast (after healthchecks' hc/test.py): alice is acme's tenant_admin,
+bob her teammate (a viewer), charlie an outsider who runs the tenant globex."""
+
+import pytest
+from django.test import Client
+
+from controlplane import services
+from controlplane.models import ApiKeyScope
+from controlplane.roles import Role
+
+
+@pytest.fixture(autouse=True)
+def _fast_hasher(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def acme(db):
+    return services.tenant_create(slug="acme", name="Acme Corp")
+
+
+@pytest.fixture
+def globex(db):
+    return services.tenant_create(slug="globex", name="Globex")
+
+
+@pytest.fixture
+def make_member(db):
+    def make(tenant, username: str, role: Role):
+        from django.contrib.auth import get_user_model
+
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            user = services.user_create(username=username).user
+        services.membership_add(tenant=tenant, user=user, role=role)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def alice(acme, make_member):
+    return make_member(acme, "alice", Role.TENANT_ADMIN)
+
+
+@pytest.fixture
+def bob(acme, alice, make_member):
+    return make_member(acme, "bob", Role.VIEWER)
+
+
+@pytest.fixture
+def charlie(globex, make_member):
+    return make_member(globex, "charlie", Role.TENANT_ADMIN)
+
+
+@pytest.fixture
+def client_for():
+    def make(user) -> Client:
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def make_key(db):
+    def make(tenant, *, scopes=(ApiKeyScope.SESSIONS,), expires_at=None, name="agent"):
+        return services.api_key_create(tenant=tenant, name=name, scopes=list(scopes), actor=None,
+                                       expires_at=expires_at)
+
+    return make
+
+
+@pytest.fixture
+def api():
+    """A client for the JSON API: `api(key).get(path)`."""
+
+    def make(key: str | None = None) -> Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return Client(headers=headers)
+
+    return make
