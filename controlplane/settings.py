@@ -1,5 +1,6 @@
 """Airlock settings: one module, driven by the environment (see the table in README.md)."""
 
+import os
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -11,6 +12,9 @@ DATA_DIR = Path(env_str("AIRLOCK_DATA_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY and (DATA_DIR / "secret_key").is_file():
+    # `make run` keeps a generated key here (mode 600), so manage.py commands find it too.
+    SECRET_KEY = (DATA_DIR / "secret_key").read_text().strip()
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 
 if not DEBUG:
@@ -146,6 +150,17 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "/static/vendor/swagger-ui",
     "SWAGGER_UI_FAVICON_HREF": "/static/favicon.svg",
 }
+
+# Sandboxes. Root keeps shared state under /var (the root filesystem is built once per machine);
+# anyone else keeps it in the data directory.
+_AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+AIRLOCK_RUNTIME = env_str("AIRLOCK_RUNTIME", "bubblewrap")
+AIRLOCK_ROOTFS_DIR = env_str(
+    "AIRLOCK_ROOTFS_DIR", "/var/cache/airlock/rootfs" if _AS_ROOT else str(DATA_DIR / "rootfs")
+)
+AIRLOCK_SANDBOX_DIR = env_str(
+    "AIRLOCK_SANDBOX_DIR", "/var/lib/airlock/sandboxes" if _AS_ROOT else str(DATA_DIR / "sandboxes")
+)
 
 # How often an API key's last-used time is written: once per key per this many seconds.
 AIRLOCK_KEY_TOUCH_INTERVAL_S = env_int("AIRLOCK_KEY_TOUCH_INTERVAL_S", 60)

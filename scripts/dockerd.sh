@@ -1,10 +1,33 @@
 #!/usr/bin/env bash
-# Starts dockerd when it is installed and not running, and waits until it answers.
+# Makes the Docker engine ready for Airlock: gVisor's runsc registered (with --network=none)
+# when it is installed, dockerd started when it is not running, and waits until it answers.
 set -euo pipefail
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 command -v dockerd >/dev/null || { echo "airlock: dockerd is not installed (apt-get install docker.io)" >&2; exit 1; }
-docker info >/dev/null 2>&1 && exit 0
-printf '\033[1m==> Starting dockerd\033[0m\n'
-mkdir -p /var/log
+
+if command -v runsc >/dev/null; then
+  mkdir -p /etc/docker
+  python3 - "$(command -v runsc)" <<'PY'
+import json, pathlib, sys
+path = pathlib.Path("/etc/docker/daemon.json")
+config = json.loads(path.read_text() or "{}") if path.exists() else {}
+wanted = {"path": sys.argv[1], "runtimeArgs": ["--network=none"]}
+if config.get("runtimes", {}).get("runsc") != wanted:
+    config.setdefault("runtimes", {})["runsc"] = wanted
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    print("==> registered runsc (gVisor) in /etc/docker/daemon.json")
+PY
+fi
+
+if docker info >/dev/null 2>&1; then
+  if command -v runsc >/dev/null && ! docker info --format '{{json .Runtimes}}' | grep -q runsc; then
+    say "Reloading dockerd to pick up runsc"
+    kill -HUP "$(pidof dockerd)"
+    sleep 1
+  fi
+  exit 0
+fi
+say "Starting dockerd"
 nohup dockerd >/var/log/airlock-dockerd.log 2>&1 &
 for _ in $(seq 1 60); do
   docker info >/dev/null 2>&1 && exit 0

@@ -10,14 +10,10 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
 export AIRLOCK_DATA_DIR=${AIRLOCK_DATA_DIR:-$PWD/var}
 mkdir -p "$AIRLOCK_DATA_DIR"
-if [ -z "${SECRET_KEY:-}" ]; then
-  key_file="$AIRLOCK_DATA_DIR/secret_key"
-  if [ ! -s "$key_file" ]; then
-    say "Generating a secret key in $key_file"
-    (umask 077 && .venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(64))' > "$key_file")
-  fi
-  SECRET_KEY=$(cat "$key_file")
-  export SECRET_KEY
+key_file="$AIRLOCK_DATA_DIR/secret_key"
+if [ -z "${SECRET_KEY:-}" ] && [ ! -s "$key_file" ]; then
+  say "Generating a secret key in $key_file (settings read it from there)"
+  (umask 077 && .venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(64))' > "$key_file")
 fi
 
 say "Applying database migrations"

@@ -17,6 +17,8 @@ def start(env: dict, *command: str) -> subprocess.CompletedProcess:
         for key, value in os.environ.items()
         if key not in {"DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL"}
     }
+    # An empty data directory: no secret_key file left there by `make run` may stand in.
+    base["AIRLOCK_DATA_DIR"] = "/nonexistent/airlock-test"
     return subprocess.run(
         [sys.executable, *command],
         cwd=ROOT,

@@ -1,0 +1,27 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from sessions.runtimes import DRIVERS, get_driver, rootfs
+from sessions.runtimes.base import RuntimeUnavailable
+
+
+class Command(BaseCommand):
+    help = "Tell which sandbox drivers work on this host, and for those that do not, the fix."
+
+    def add_arguments(self, parser):
+        parser.add_argument("drivers", nargs="*", help=f"any of {', '.join(DRIVERS)} (default: all)")
+
+    def handle(self, *args, drivers=(), **options):
+        built = rootfs.current()
+        self.stdout.write(f"root filesystem  {built.digest} ({built.path})" if built else
+                          "root filesystem  not built: run manage.py build_rootfs")
+        failed = 0
+        for name in drivers or DRIVERS:
+            try:
+                get_driver(name).check()
+            except RuntimeUnavailable as exc:
+                failed += 1
+                self.stdout.write(f"{name:<16} unavailable: {exc}")
+            else:
+                self.stdout.write(f"{name:<16} ok")
+        if failed:
+            raise CommandError(f"{failed} driver(s) unavailable", returncode=2)

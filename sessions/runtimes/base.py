@@ -1,0 +1,155 @@
+"""The sandbox driver interface: one contract, several runtimes (bubblewrap, Docker, gVisor).
+
+A driver turns a SandboxSpec into a Sandbox, runs argv lists in it (never a shell), streams
+their output as Chunk events that end with one ExitStatus, and destroys it without a trace.
+Every driver passes the same conformance suite (tests/runtimes/)."""
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+WORKSPACE = "/workspace"
+EXIT_REASONS = ("exited", "timeout", "killed", "oom", "output_limit")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class RuntimeUnavailable(Exception):
+    """The driver cannot work on this host. The message names the fix, in one line."""
+
+
+class SandboxError(Exception):
+    """A sandbox could not be created, used or destroyed."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpus: float = 1.0
+    memory_mb: int = 512
+    pids: int = 128
+    disk_mb: int = 256
+    tmp_mb: int = 64
+    command_timeout_s: float = 15.0
+    max_output_bytes: int = 1 << 30  # past this the command is killed with reason output_limit
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    tenant: str
+    session_id: str
+    limits: Limits = field(default_factory=Limits)
+    env: Mapping[str, str] = field(default_factory=dict)
+    network: Literal["none"] = "none"
+    isolation: Literal["standard", "gvisor"] = "standard"
+
+    def __post_init__(self):
+        uuid.UUID(self.session_id)  # ids become paths, cgroup and container names: only UUIDs
+        if self.network != "none":
+            raise SandboxError(f"network {self.network!r} is not supported; sandboxes have no network")
+
+
+@dataclass
+class Sandbox:
+    id: str
+    driver: str
+    spec: SandboxSpec
+    rootfs_digest: str
+    handle: dict = field(default_factory=dict)  # driver-specific: paths, container id
+
+
+@dataclass(frozen=True)
+class Chunk:
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    exit_code: int | None
+    reason: str  # one of EXIT_REASONS
+    duration_ms: int
+    output_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Stats:
+    cpu_s: float | None
+    memory_bytes: int | None
+    disk_bytes: int | None
+
+
+def sandbox_env(spec_env: Mapping[str, str], exec_env: Mapping[str, str] | None) -> dict[str, str]:
+    """The whole environment of a sandboxed process: built from the policy, nothing inherited."""
+    env = {"PATH": DEFAULT_PATH, "HOME": WORKSPACE, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}  # noqa: S108
+    env.update(spec_env)
+    env.update(exec_env or {})
+    return env
+
+
+class Driver(ABC):
+    name: str
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise RuntimeUnavailable, naming the fix, when this host cannot run the driver."""
+
+    @abstractmethod
+    def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    @abstractmethod
+    def exec(
+        self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
+        env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+    ) -> Iterator[Chunk | ExitStatus]:
+        """Run argv; yield Chunks as output arrives, then exactly one ExitStatus."""
+
+    @abstractmethod
+    def kill(self, sandbox: Sandbox) -> None:
+        """Kill whatever runs in the sandbox; a running exec ends with reason `killed`."""
+
+    @abstractmethod
+    def destroy(self, sandbox: Sandbox) -> None:
+        """Kill everything and remove every trace of the sandbox from the host. Idempotent."""
+
+    @abstractmethod
+    def list_sandboxes(self) -> list[str]:
+        """Ids of every sandbox of this driver present on the host."""
+
+    @abstractmethod
+    def destroy_by_id(self, sandbox_id: str) -> None:
+        """Destroy a sandbox known only by its id (an orphan left by a dead runner)."""
+
+    @abstractmethod
+    def stats(self, sandbox: Sandbox) -> Stats: ...
+
+    def list_orphans(self, active_ids: set[str]) -> list[str]:
+        return sorted(set(self.list_sandboxes()) - set(active_ids))
+
+
+class OutputTail:
+    """Keeps the last `limit` characters of a stream of bytes, in bounded memory.
+
+    Decoding is incremental, so a multi-byte character split across chunks is not mangled, and
+    invalid UTF-8 becomes U+FFFD instead of an error."""
+
+    def __init__(self, limit: int):
+        import codecs
+
+        self.limit = limit
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._text = ""
+        self.total_chars = 0
+
+    def feed(self, data: bytes) -> None:
+        text = self._decoder.decode(data)
+        self.total_chars += len(text)
+        self._text = (self._text + text)[-self.limit:]
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    @property
+    def truncated(self) -> bool:
+        return self.total_chars > self.limit

@@ -1,0 +1,349 @@
+"""The bubblewrap driver: the local default, no daemon, ~5 ms per command.
+
+Each command is one `bwrap` process tree: new user, PID, IPC, UTS, cgroup and network
+namespaces (loopback only), uid/gid 65534, no capabilities, no_new_privs, a new session, and
+death with its parent. The root filesystem is the read-only debootstrap tree; /workspace is a
+size-limited tmpfs that lives as long as the sandbox; /tmp and /dev/shm are small tmpfs
+private to the command; /dev is read-only. When the runner is root, bwrap itself runs as the
+host's uid 65534, so even a mount mistake would expose nothing that `nobody` cannot read.
+
+Start-up order matters: bwrap is started with --block-fd, so its namespace init (pid 1
+inside) waits until the runner has placed both bwrap processes in the sandbox's cgroup (or set
+their rlimits); only then does the command start, and everything it forks inherits the limits."""
+
+import contextlib
+import json
+import os
+import posixpath
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from sessions.runtimes import rootfs
+from sessions.runtimes.base import (
+    WORKSPACE,
+    Chunk,
+    Driver,
+    ExitStatus,
+    RuntimeUnavailable,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    Stats,
+    sandbox_env,
+)
+from sessions.runtimes.cgroups import CgroupManager
+from sessions.runtimes.linux import is_mount_point, mount_tmpfs, unmount
+
+NOBODY = 65534
+READ_SIZE = 65536
+
+
+@dataclass
+class _Running:
+    process: subprocess.Popen
+    inner_pid: int | None = None
+    reason: str | None = None  # set by whoever kills it: timeout, killed, output_limit
+
+
+class BubblewrapDriver(Driver):
+    name = "bubblewrap"
+
+    def __init__(self, *, sandbox_dir: Path | None = None, cgroups: CgroupManager | None = None):
+        self.sandbox_dir = Path(sandbox_dir or settings.AIRLOCK_SANDBOX_DIR) / "bubblewrap"
+        self.cgroups = cgroups or CgroupManager()
+        self.as_root = os.geteuid() == 0
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._checked = False
+
+    # -- host checks -----------------------------------------------------------------------
+    def check(self) -> None:
+        if self._checked:
+            return
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise RuntimeUnavailable("bubblewrap is not installed; install it with: apt-get install -y bubblewrap")
+        tree = rootfs.require().path
+        probe = subprocess.run(
+            [bwrap, "--unshare-all", "--unshare-user", "--ro-bind", str(tree), "/", "--", "/bin/true"],
+            capture_output=True, text=True, timeout=10, env={}, **self._identity(),
+        )
+        if probe.returncode != 0:
+            raise RuntimeUnavailable(
+                f"bubblewrap cannot create its namespaces here ({probe.stderr.strip()}); enable unprivileged "
+                "user namespaces: sysctl -w user.max_user_namespaces=15000 kernel.unprivileged_userns_clone=1"
+            )
+        self._checked = True
+
+    def _identity(self) -> dict:
+        """Run bwrap as the host's nobody when we can (we are root), else as ourselves."""
+        if self.as_root:
+            return {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+        return {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        self.check()
+        tree = rootfs.require()
+        root = self.sandbox_dir / spec.session_id
+        workspace = root / "workspace"
+        self.sandbox_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+        try:
+            root.mkdir(mode=0o711)
+        except FileExistsError:
+            raise SandboxError(f"sandbox {spec.session_id} already exists") from None
+        try:
+            workspace.mkdir(mode=0o700)
+            quota = self.as_root
+            if quota:
+                mount_tmpfs(workspace, size_bytes=spec.limits.disk_mb * 2**20, uid=NOBODY, gid=NOBODY)
+            if self.cgroups.available:
+                self.cgroups.create(spec.session_id, memory_mb=spec.limits.memory_mb, pids=spec.limits.pids,
+                                    cpus=spec.limits.cpus)
+        except BaseException:
+            self.destroy_by_id(spec.session_id)
+            raise
+        return Sandbox(
+            id=spec.session_id, driver=self.name, spec=spec, rootfs_digest=tree.digest,
+            handle={"root": str(root), "workspace": str(workspace), "rootfs": str(tree.path),
+                    "disk_quota": quota, "cgroups": self.cgroups.available},
+        )
+
+    def destroy(self, sandbox: Sandbox) -> None:
+        self.kill(sandbox)
+        self.destroy_by_id(sandbox.id)
+
+    def destroy_by_id(self, sandbox_id: str) -> None:
+        self._kill_processes(sandbox_id)
+        if self.cgroups.available:
+            self.cgroups.remove(sandbox_id)
+        root = self.sandbox_dir / sandbox_id
+        workspace = root / "workspace"
+        if is_mount_point(workspace):
+            unmount(workspace)
+        shutil.rmtree(root, ignore_errors=True)
+        if root.exists():
+            raise SandboxError(f"sandbox directory {root} could not be removed")
+
+    def list_sandboxes(self) -> list[str]:
+        ids = set(self.cgroups.list_ids()) if self.cgroups.available else set()
+        if self.sandbox_dir.is_dir():
+            ids.update(child.name for child in self.sandbox_dir.iterdir())
+        return sorted(ids)
+
+    # -- commands --------------------------------------------------------------------------
+    def exec(
+        self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
+        env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+    ) -> Iterator[Chunk | ExitStatus]:
+        _check_argv(argv)
+        cwd = _inside_workspace(cwd)
+        limits = sandbox.spec.limits
+        timeout_s = timeout_s or limits.command_timeout_s
+        started = time.monotonic()
+        oom_before = self.cgroups.usage(sandbox.id).oom_kills if self.cgroups.available else 0
+        running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec.env, env))
+        output_bytes = 0
+        try:
+            for chunk in _stream(running.process, deadline=started + timeout_s):
+                if chunk is None:  # the deadline passed
+                    self._stop(sandbox.id, running, "timeout")
+                    continue
+                output_bytes += len(chunk.data)
+                if output_bytes > limits.max_output_bytes:
+                    self._stop(sandbox.id, running, "output_limit")
+                    break
+                yield chunk
+            returncode = running.process.wait()
+        finally:
+            if running.process.poll() is None:  # the consumer stopped iterating: nothing survives it
+                self._stop(sandbox.id, running, running.reason or "killed")
+                running.process.wait()
+            _close_pipes(running.process)
+            if self.cgroups.available:
+                self.cgroups.kill_all(sandbox.id)
+            with self._lock:
+                self._running.pop(sandbox.id, None)
+        reason = running.reason
+        if reason is None and self.cgroups.available and self.cgroups.usage(sandbox.id).oom_kills > oom_before:
+            reason = "oom"
+        yield ExitStatus(
+            exit_code=None if reason in {"timeout", "killed", "output_limit"} else _exit_code(returncode),
+            reason=reason or "exited",
+            duration_ms=round((time.monotonic() - started) * 1000),
+            output_bytes=output_bytes,
+        )
+
+    def _start(self, sandbox: Sandbox, argv: Sequence[str], cwd: str, env: dict[str, str]) -> _Running:
+        info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
+        limits = sandbox.spec.limits
+        command = [
+            shutil.which("bwrap") or "bwrap",
+            "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+            "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
+            "--ro-bind", sandbox.handle["rootfs"], "/",
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",  # noqa: S108
+            "--bind", sandbox.handle["workspace"], WORKSPACE,
+            "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",  # noqa: S108 - the sandbox's own
+            "--chdir", cwd,
+            "--info-fd", str(info_write), "--block-fd", str(block_read),
+            "--", *argv,
+        ]
+        with self._lock:
+            if sandbox.id in self._running:
+                raise SandboxError("a command is already running in this sandbox")
+            try:
+                process = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    env=env, pass_fds=(info_write, block_read), start_new_session=True, **self._identity(),
+                )
+            finally:
+                os.close(info_write)
+                os.close(block_read)
+            running = _Running(process=process)
+            self._running[sandbox.id] = running
+        try:
+            running.inner_pid = _read_child_pid(info_read)
+            self._confine(sandbox, [process.pid, running.inner_pid])
+            os.write(block_write, b"1")  # the command may start now
+        except BaseException:
+            self._stop(sandbox.id, running, "killed")
+            raise
+        finally:
+            os.close(info_read)
+            os.close(block_write)
+        return running
+
+    def _confine(self, sandbox: Sandbox, pids: list[int]) -> None:
+        limits = sandbox.spec.limits
+        if self.cgroups.available:
+            for pid in pids:
+                self.cgroups.attach(sandbox.id, pid)
+            return
+        # No cgroups: per-process rlimits, inherited by everything the command forks.
+        memory = limits.memory_mb * 2**20
+        cpu_s = int(limits.command_timeout_s * max(limits.cpus, 1)) + 1
+        for pid in pids:
+            resource.prlimit(pid, resource.RLIMIT_AS, (memory, memory))
+            resource.prlimit(pid, resource.RLIMIT_NPROC, (limits.pids, limits.pids))
+            resource.prlimit(pid, resource.RLIMIT_CPU, (cpu_s, cpu_s))
+
+    def _stop(self, sandbox_id: str, running: _Running, reason: str) -> None:
+        if running.reason is None:
+            running.reason = reason
+        # Killing bwrap's outer process kills its namespace init (die-with-parent), and with
+        # the init the kernel kills every process of the PID namespace.
+        for pid in (running.process.pid, running.inner_pid):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if self.cgroups.available:
+            self.cgroups.kill_all(sandbox_id)
+
+    def kill(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            running = self._running.get(sandbox.id)
+        if running is not None:
+            self._stop(sandbox.id, running, "killed")
+        self._kill_processes(sandbox.id)
+
+    def _kill_processes(self, sandbox_id: str) -> None:
+        if self.cgroups.available:
+            self.cgroups.kill_all(sandbox_id)
+            return
+        marker = str(self.sandbox_dir / sandbox_id / "workspace").encode()
+        for pid in _pids_with_argument(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def stats(self, sandbox: Sandbox) -> Stats:
+        usage = self.cgroups.usage(sandbox.id) if self.cgroups.available else None
+        try:
+            fs = os.statvfs(sandbox.handle["workspace"])
+            disk = (fs.f_blocks - fs.f_bfree) * fs.f_frsize if sandbox.handle["disk_quota"] else None
+        except OSError:
+            disk = None
+        return Stats(
+            cpu_s=usage.cpu_s if usage else None, memory_bytes=usage.memory_bytes if usage else None, disk_bytes=disk
+        )
+
+
+def _check_argv(argv: Sequence[str]) -> None:
+    if not argv or not all(isinstance(arg, str) and "\0" not in arg for arg in argv):
+        raise SandboxError("argv must be a non-empty list of strings without NUL bytes")
+
+
+def _inside_workspace(cwd: str) -> str:
+    normal = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
+    if normal != WORKSPACE and not normal.startswith(WORKSPACE + "/"):
+        raise SandboxError(f"cwd {cwd!r} is outside {WORKSPACE}")
+    return normal
+
+
+def _read_child_pid(fd: int) -> int:
+    data = b""
+    while chunk := os.read(fd, 4096):
+        data += chunk
+        try:
+            return int(json.loads(data)["child-pid"])
+        except ValueError:
+            continue
+    raise SandboxError(f"bubblewrap did not start: {data.decode(errors='replace')!r}")
+
+
+def _stream(process: subprocess.Popen, *, deadline: float) -> Iterator[Chunk | None]:
+    """Chunks from stdout and stderr as they come; None once each time the deadline passes."""
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ, "stdout")
+    selector.register(process.stderr, selectors.EVENT_READ, "stderr")
+    timed_out = False
+    try:
+        while selector.get_map():
+            wait = None if timed_out else max(0.0, deadline - time.monotonic())
+            events = selector.select(wait)
+            if not events and not timed_out:
+                timed_out = True
+                yield None
+                continue
+            for key, _ in events:
+                data = os.read(key.fileobj.fileno(), READ_SIZE)
+                if data:
+                    yield Chunk(stream=key.data, data=data)
+                else:
+                    selector.unregister(key.fileobj)
+    finally:
+        selector.close()
+
+
+def _close_pipes(process: subprocess.Popen) -> None:
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _pids_with_argument(marker: bytes) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids

@@ -1,0 +1,190 @@
+"""Per-sandbox cgroups for memory, pids and CPU, on cgroup v1 or v2.
+
+Sandbox cgroups live under `<the runner's own cgroup>/airlock/<sandbox id>`, so that they are
+nested inside whatever limits the runner itself has. When the host offers no writable cgroup
+hierarchy, `CgroupManager.available` is false and the drivers fall back to rlimits."""
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
+GROUP = "airlock"
+
+
+@dataclass(frozen=True)
+class Usage:
+    cpu_s: float | None
+    memory_bytes: int | None
+    oom_kills: int
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _write(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+class CgroupManager:
+    def __init__(self, root: Path = Path("/sys/fs/cgroup")):
+        self.version = 2 if (root / "cgroup.controllers").exists() else 1
+        self.bases: dict[str, Path] = self._find_bases(root)
+        self.available = self._prepare()
+
+    # -- discovery -------------------------------------------------------------------------
+    def _find_bases(self, root: Path) -> dict[str, Path]:
+        own = {}
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                for controller in controllers.split(","):
+                    own[controller] = path.lstrip("/")
+        if self.version == 2:
+            return {"unified": root / own.get("", "") / GROUP}
+        bases = {}
+        for controller in V1_CONTROLLERS:
+            mount = root / controller
+            if mount.is_dir():
+                bases[controller] = mount / own.get(controller, "") / GROUP
+        return bases
+
+    def _prepare(self) -> bool:
+        if os.geteuid() != 0 or not self.bases:
+            return False
+        try:
+            for base in self.bases.values():
+                base.mkdir(exist_ok=True)
+            if self.version == 2:
+                # Controllers must be enabled for the children of airlock/ (and airlock/ itself
+                # has no processes, which the v2 "no internal processes" rule requires).
+                _write(self.bases["unified"] / "cgroup.subtree_control", "+memory +pids +cpu")
+        except OSError:
+            return False
+        return self.version == 2 or {"memory", "pids"} <= set(self.bases)
+
+    # -- one sandbox -----------------------------------------------------------------------
+    def paths(self, sandbox_id: str) -> dict[str, Path]:
+        return {controller: base / sandbox_id for controller, base in self.bases.items()}
+
+    def create(self, sandbox_id: str, *, memory_mb: int, pids: int, cpus: float) -> None:
+        memory = str(memory_mb * 2**20)
+        period = 100_000
+        quota = str(max(1000, int(cpus * period)))
+        paths = self.paths(sandbox_id)
+        for path in paths.values():
+            path.mkdir(exist_ok=True)
+        if self.version == 2:
+            group = paths["unified"]
+            _write(group / "memory.max", memory)
+            with contextlib.suppress(OSError):
+                _write(group / "memory.swap.max", "0")
+            _write(group / "pids.max", str(pids))
+            _write(group / "cpu.max", f"{quota} {period}")
+            return
+        _write(paths["memory"] / "memory.limit_in_bytes", memory)
+        with contextlib.suppress(OSError):  # absent without swap accounting
+            _write(paths["memory"] / "memory.memsw.limit_in_bytes", memory)
+        _write(paths["pids"] / "pids.max", str(pids))
+        if "cpu" in paths:
+            _write(paths["cpu"] / "cpu.cfs_period_us", str(period))
+            _write(paths["cpu"] / "cpu.cfs_quota_us", quota)
+
+    def attach(self, sandbox_id: str, pid: int) -> None:
+        for path in self.paths(sandbox_id).values():
+            _write(path / "cgroup.procs", str(pid))
+
+    def pids(self, sandbox_id: str) -> set[int]:
+        found: set[int] = set()
+        for path in self.paths(sandbox_id).values():
+            with contextlib.suppress(OSError):
+                found.update(int(pid) for pid in (path / "cgroup.procs").read_text().split())
+        return found
+
+    def usage(self, sandbox_id: str) -> Usage:
+        paths = self.paths(sandbox_id)
+        if self.version == 2:
+            group = paths["unified"]
+            cpu_usec = _stat_field(group / "cpu.stat", "usage_usec")
+            return Usage(
+                cpu_s=cpu_usec / 1e6 if cpu_usec is not None else None,
+                memory_bytes=_read_int(group / "memory.peak") or _read_int(group / "memory.current"),
+                oom_kills=_stat_field(group / "memory.events", "oom_kill") or 0,
+            )
+        cpu_ns = _read_int(paths["cpuacct"] / "cpuacct.usage") if "cpuacct" in paths else None
+        return Usage(
+            cpu_s=cpu_ns / 1e9 if cpu_ns is not None else None,
+            memory_bytes=_read_int(paths["memory"] / "memory.max_usage_in_bytes"),
+            oom_kills=_stat_field(paths["memory"] / "memory.oom_control", "oom_kill") or 0,
+        )
+
+    def kill_all(self, sandbox_id: str, *, timeout_s: float = 5.0) -> None:
+        """SIGKILL every process of the sandbox. Frozen first, so nothing forks in between;
+        the signals are delivered when the group thaws."""
+        pids = self.pids(sandbox_id)
+        if not pids:
+            return
+        paths = self.paths(sandbox_id)
+        frozen = self._freeze(paths, True)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while pids and time.monotonic() < deadline:
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                if frozen:
+                    frozen = not self._freeze(paths, False)
+                time.sleep(0.002)
+                pids = self.pids(sandbox_id)
+        finally:
+            if frozen:
+                self._freeze(paths, False)
+
+    def _freeze(self, paths: dict[str, Path], frozen: bool) -> bool:
+        try:
+            if self.version == 2:
+                _write(paths["unified"] / "cgroup.freeze", "1" if frozen else "0")
+            elif "freezer" in paths:
+                _write(paths["freezer"] / "freezer.state", "FROZEN" if frozen else "THAWED")
+            else:
+                return False
+        except OSError:
+            return False
+        return True
+
+    def remove(self, sandbox_id: str) -> None:
+        self.kill_all(sandbox_id)
+        for path in self.paths(sandbox_id).values():
+            for _ in range(200):  # rmdir fails with EBUSY until the last task is gone
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.005)
+
+    def list_ids(self) -> set[str]:
+        ids: set[str] = set()
+        for base in self.bases.values():
+            with contextlib.suppress(OSError):
+                ids.update(child.name for child in base.iterdir() if child.is_dir())
+        return ids
+
+
+def _stat_field(path: Path, name: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None

@@ -1,0 +1,67 @@
+"""The runtime conformance suite runs every test against every driver, on real sandboxes.
+
+A driver that cannot work on this host is skipped with the reason, except where the
+environment requires it: AIRLOCK_REQUIRE_DOCKER=1 for docker and gvisor, CI=true for
+bubblewrap. The root filesystem (and the Docker image) are built on first use when missing."""
+
+import os
+import uuid
+
+import pytest
+
+from sessions.runtimes import get_driver, rootfs
+from sessions.runtimes.base import Limits, RuntimeUnavailable, SandboxSpec
+
+DRIVERS = ["bubblewrap", "docker", "gvisor"]
+
+
+def _required(name: str) -> bool:
+    if name == "bubblewrap":
+        return os.environ.get("CI") == "true"
+    return os.environ.get("AIRLOCK_REQUIRE_DOCKER") == "1"
+
+
+@pytest.fixture(scope="session")
+def built_rootfs():
+    if rootfs.current() is None:
+        try:
+            rootfs.build(progress=lambda message: None)
+        except RuntimeUnavailable as exc:
+            return exc
+    return rootfs.current()
+
+
+@pytest.fixture(params=DRIVERS, scope="session")
+def driver(request, built_rootfs):
+    name = request.param
+    try:
+        if isinstance(built_rootfs, RuntimeUnavailable):
+            raise built_rootfs
+        instance = get_driver(name)
+        instance.check()
+    except RuntimeUnavailable as exc:
+        if _required(name):
+            pytest.fail(f"{name} is required here but unavailable: {exc}")
+        pytest.skip(f"{name} unavailable: {exc}")
+    return instance
+
+
+@pytest.fixture
+def make_sandbox(driver):
+    created = []
+
+    def make(**limits):
+        spec = SandboxSpec(tenant="conformance", session_id=str(uuid.uuid4()),
+                           limits=Limits(**{"command_timeout_s": 20, **limits}))
+        sandbox = driver.create(spec)
+        created.append(sandbox)
+        return sandbox
+
+    yield make
+    for sandbox in created:
+        driver.destroy(sandbox)
+
+
+@pytest.fixture
+def sandbox(make_sandbox):
+    return make_sandbox()
