@@ -44,6 +44,11 @@ def actor_label(actor) -> str:
     return f"user:{actor.get_username()}"
 
 
+def user_of(actor):
+    """The user behind an actor, or None for an API key or the system."""
+    return actor if actor is not None and not hasattr(actor, "prefix") else None
+
+
 @transaction.atomic
 def audit_record(
     *, tenant: Tenant, actor, action: str, target=None, data: dict | None = None
@@ -56,7 +61,7 @@ def audit_record(
         tenant=tenant,
         seq=(last["seq"] + 1) if last else 1,
         created_at=timezone.now(),
-        actor_user=actor if actor is not None and not hasattr(actor, "prefix") else None,
+        actor_user=user_of(actor),
         actor=actor_label(actor),
         action=action,
         target_type=type(target).__name__.lower() if target is not None else "",

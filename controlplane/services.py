@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.audit import audit_record
+from controlplane.audit import audit_record, user_of
 from controlplane.models import ApiKey, ApiKeyScope, Membership, Tenant
 from controlplane.roles import Role
 
@@ -115,7 +115,7 @@ def api_key_create(
     api_key = ApiKey(
         tenant=tenant, name=name, prefix=prefix, secret_hash=ApiKey.hash_secret(secret),
         scopes=sorted(set(scopes)), expires_at=expires_at,
-        created_by=actor if actor is not None and not hasattr(actor, "prefix") else None,
+        created_by=user_of(actor),
     )
     api_key.full_clean()
     api_key.save()

@@ -4,5 +4,13 @@ from policies_app import views
 
 urlpatterns = [
     path("policies/", views.policy_list, name="policies"),
+    path("policies/new", views.policy_create, name="policy-create"),
+    path("policies/<slug:name>/", views.policy_detail, name="policy"),
+    path("policies/<slug:name>/edit", views.policy_edit, name="policy-edit"),
+    path("policies/<slug:name>/v/<int:number>/", views.version_detail, name="policy-version"),
+    path("policies/<slug:name>/v/<int:number>/replay", views.version_replay, name="policy-replay"),
+    path("policies/<slug:name>/v/<int:number>/publish", views.version_publish, name="policy-publish"),
+    path("policies/<slug:name>/v/<int:number>/rollback", views.version_rollback, name="policy-rollback"),
+    path("policies/<slug:name>/v/<int:number>/shadow", views.version_shadow, name="policy-shadow"),
     path("denials/", views.denials, name="denials"),
 ]

@@ -1,11 +1,174 @@
-from django.shortcuts import render
+"""The policy pages: list, versions timeline, the editor (check, save a draft), a version's
+page (tests, diff, replay, publish, rollback, shadow). Viewers see everything read-only."""
+
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
 
 from controlplane.decorators import tenant_view
+from policies_app import selectors, services
+from policies_app.document import DocumentError
+from policies_app.forms import EditorForm, NoteForm, PolicyCreateForm, ReplayForm
+from policies_app.review import review
+
+STARTER = """# Default deny: only the commands listed here may run, with these arguments.
+mode: enforce
+limits: {cpus: 1, memory_mb: 512, pids: 128, disk_mb: 256, command_timeout_s: 15}
+commands:
+  - id: pytest
+    bin: pytest
+    prepend_args: ["-q"]
+    deny_args: ["^-c", "^-p"]
+tests:
+  - request: {bin: pytest, args: ["-c", "x"]}
+    expect: {allowed: false, reason_code: arg_denied}
+"""
 
 
 @tenant_view("read")
 def policy_list(request):
-    return render(request, "policies_app/policy_list.html", {"section": "policies"})
+    policies = selectors.policy_list(request.tenant).prefetch_related("versions")
+    return render(request, "policies_app/policy_list.html",
+                  {"section": "policies", "policies": policies, "form": PolicyCreateForm()})
+
+
+@require_POST
+@tenant_view("edit_policy")
+def policy_create(request):
+    form = PolicyCreateForm(request.POST)
+    if form.is_valid():
+        try:
+            policy = services.policy_create(tenant=request.tenant, name=form.cleaned_data["name"], actor=request.user)
+        except ValidationError as exc:
+            form.add_error("name", exc.messages)
+        else:
+            return redirect("policy-edit", tenant_slug=request.tenant.slug, name=policy.name)
+    policies = selectors.policy_list(request.tenant)
+    return render(request, "policies_app/policy_list.html",
+                  {"section": "policies", "policies": policies, "form": form}, status=400)
+
+
+@tenant_view("read")
+def policy_detail(request, name: str):
+    policy = selectors.policy_get(request.tenant, name)
+    published = policy.published_version()
+    versions = [(version, version.state(published)) for version in policy.versions.select_related("author")]
+    history = policy.publications.select_related("version", "actor")[:50]
+    return render(request, "policies_app/policy_detail.html",
+                  {"section": "policies", "policy": policy, "published": published, "versions": versions,
+                   "history": history})
+
+
+@tenant_view("edit_policy")
+def policy_edit(request, name: str):
+    policy = selectors.policy_get(request.tenant, name)
+    published = policy.published_version()
+    if request.method != "POST":
+        start = policy.versions.first()
+        form = EditorForm(initial={"source": start.source if start else STARTER})
+        return _render_editor(request, policy, form, review(tenant=request.tenant, policy=policy,
+                                                             source=form.initial["source"]))
+    form = EditorForm(request.POST)
+    if not form.is_valid():
+        return _render_editor(request, policy, form, None, status=400)
+    source = form.cleaned_data["source"]
+    if request.POST.get("action") == "save":
+        try:
+            version = services.version_create(policy=policy, source=source, actor=request.user,
+                                              note=form.cleaned_data["note"])
+        except DocumentError:
+            pass  # shown below, at their lines
+        else:
+            messages.success(request, f"Saved draft v{version.number}. Publishing it takes a note and passing tests.")
+            return redirect("policy-version", tenant_slug=request.tenant.slug, name=name, number=version.number)
+    result = review(tenant=request.tenant, policy=policy, source=source,
+                    with_replay=request.POST.get("action") == "replay")
+    return _render_editor(request, policy, form, result, status=400 if result.errors else 200,
+                          published=published)
+
+
+def _render_editor(request, policy, form, result, *, status: int = 200, published=None):
+    return render(request, "policies_app/editor.html",
+                  {"section": "policies", "policy": policy, "form": form, "review": result,
+                   "published": published or policy.published_version()}, status=status)
+
+
+@tenant_view("read")
+def version_detail(request, name: str, number: int):
+    version = selectors.version_get(request.tenant, name, number)
+    return _render_version(request, version)
+
+
+def _render_version(request, version, *, note_form=None, status: int = 200, with_replay: bool = False):
+    policy = version.policy
+    published = policy.published_version()
+    replay_limit = ReplayForm(request.POST or None)
+    limit = replay_limit.cleaned_data.get("limit") if replay_limit.is_bound and replay_limit.is_valid() else None
+    result = review(tenant=request.tenant, policy=policy, source=version.source, number=version.number,
+                    with_replay=with_replay, replay_limit=limit or 10_000)
+    return render(request, "policies_app/version.html", {
+        "section": "policies", "policy": policy, "version": version, "published": published,
+        "state": version.state(published), "review": result, "note_form": note_form or NoteForm(),
+        "source_lines": version.source.splitlines(),
+    }, status=status)
+
+
+@require_POST
+@tenant_view("read")
+def version_replay(request, name: str, number: int):
+    version = selectors.version_get(request.tenant, name, number)
+    return _render_version(request, version, with_replay=True)
+
+
+@require_POST
+@tenant_view("publish_policy")
+def version_publish(request, name: str, number: int):
+    version = selectors.version_get(request.tenant, name, number)
+    return _publication(request, version, lambda note: services.version_publish(
+        version=version, actor=request.user, note=note), f"Published v{version.number}.")
+
+
+@require_POST
+@tenant_view("publish_policy")
+def version_rollback(request, name: str, number: int):
+    version = selectors.version_get(request.tenant, name, number)
+    outcome = {}
+
+    def rollback(note):
+        outcome["version"] = services.version_rollback(policy=version.policy, to=version, actor=request.user,
+                                                       note=note)
+
+    response = _publication(request, version, rollback, f"Rolled back to the document of v{version.number}.")
+    if "version" in outcome:
+        return redirect("policy-version", tenant_slug=request.tenant.slug, name=name,
+                        number=outcome["version"].number)
+    return response
+
+
+@require_POST
+@tenant_view("publish_policy")
+def version_shadow(request, name: str, number: int):
+    version = selectors.version_get(request.tenant, name, number)
+    stop = request.POST.get("stop") == "1"
+    services.policy_set_shadow(policy=version.policy, version=None if stop else version, actor=request.user)
+    messages.success(request, "Shadow stopped." if stop else f"v{version.number} now runs in shadow on live traffic.")
+    return redirect("policy-version", tenant_slug=request.tenant.slug, name=name, number=number)
+
+
+def _publication(request, version, action, success: str):
+    form = NoteForm(request.POST)
+    if not form.is_valid():
+        return _render_version(request, version, note_form=form, status=400)
+    try:
+        action(form.cleaned_data["note"])
+    except ValidationError as exc:
+        for message in exc.messages:
+            form.add_error(None, message)
+        return _render_version(request, version, note_form=form, status=400)
+    messages.success(request, success)
+    return redirect("policy-version", tenant_slug=request.tenant.slug, name=version.policy.name,
+                    number=version.number)
 
 
 @tenant_view("read")

@@ -30,6 +30,14 @@ def _require_chromium() -> None:
     pytest.skip(message)
 
 
+# Recorded traffic for replay: an agent asked three times for `make test`, which is denied.
+SEED_DECISIONS = (
+    "from controlplane.models import Tenant; from policies_app.decisions import decide; "
+    "t = Tenant.objects.get(slug='demo'); p = t.policies.get(name='default'); "
+    "[decide(tenant=t, policy=p, request={'bin': 'make', 'args': ['test']}) for _ in range(3)]"
+)
+
+
 @dataclass
 class DemoServer:
     url: str
@@ -75,6 +83,8 @@ def demo_server(tmp_path_factory):
     printed = server.manage("demo_setup").stdout
     server.password = re.search(r"password: (\S+)", printed).group(1)
     server.api_key = re.search(r"API key\s+(alk_\S+)", printed).group(1)
+    seeded = server.manage("shell", "-c", SEED_DECISIONS)
+    assert seeded.returncode == 0, seeded.stderr
     process = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

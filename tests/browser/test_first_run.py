@@ -57,7 +57,7 @@ def test_a_tenant_admin_creates_and_revokes_a_key_in_the_browser(page, demo_serv
 
     page.get_by_role("link", name="Audit", exact=True).click()
     actions = page.locator("tbody td code:not(.hash)").all_inner_texts()
-    assert actions[:2] == ["api_key.revoked", "api_key.created"]
+    assert actions.index("api_key.revoked") < actions.index("api_key.created")
 
 
 def test_the_api_docs_render_from_vendored_files(page, demo_server):

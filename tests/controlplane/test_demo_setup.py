@@ -35,3 +35,13 @@ def test_resetting_demo_credentials_revokes_the_old_key(db, api):
     assert api(old_key).get("/api/v1/whoami").json()["error"] == "revoked_key"
     assert api(new_key).get("/api/v1/whoami").status_code == 200
     assert ApiKey.objects.filter(revoked_at__isnull=True).count() == 1
+
+
+def test_the_demo_tenant_has_a_published_default_policy_whose_tests_pass(db):
+    from controlplane.models import Tenant
+
+    run_demo_setup()
+    policy = Tenant.objects.get(slug="demo").policies.get(name="default")
+    assert policy.published_version().number == 1
+    run_demo_setup("--reset-credentials")
+    assert policy.versions.count() == 1

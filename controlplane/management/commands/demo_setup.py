@@ -5,8 +5,32 @@ from django.db import transaction
 from controlplane import services
 from controlplane.models import ApiKey, ApiKeyScope, Membership, Tenant
 from controlplane.roles import Role
+from policies_app import services as policy_services
 
 DEMO_TENANT, DEMO_USER, DEMO_KEY = "demo", "admin", "demo-agent"
+DEMO_POLICY = """# The demo tenant's policy. Default deny: only these commands run, with these arguments.
+mode: enforce
+limits: {cpus: 1, memory_mb: 512, pids: 128, disk_mb: 256, command_timeout_s: 15, output_tail_chars: 8000}
+commands:
+  - id: pytest
+    bin: pytest
+    prepend_args: ["-q"]
+    deny_args: ["^-c", "^-p", "^--rootdir", "^--confcutdir"]
+  - id: python3
+    bin: python3
+    deny_args: ["^-c$", "^-m$", "^-i$"]
+filesystem: {workspace: /workspace, arg_paths: workspace_only}
+network: {egress: none}
+tests:
+  - request: {bin: pytest, args: ["tests/"]}
+    expect: {allowed: true, rule_id: pytest}
+  - request: {bin: pytest, args: ["-c", "x"]}
+    expect: {allowed: false, reason_code: arg_denied}
+  - request: {bin: python3, args: ["-c", "import os"]}
+    expect: {allowed: false, reason_code: arg_denied}
+  - request: {bin: bash, args: ["-c", "id"]}
+    expect: {allowed: false, reason_code: bin_not_allowed}
+"""
 
 
 class Command(BaseCommand):
@@ -54,4 +78,9 @@ class Command(BaseCommand):
             tenant=tenant, name=DEMO_KEY, actor=None,
             scopes=[ApiKeyScope.SESSIONS, ApiKeyScope.POLICIES_READ],
         )
+        if not tenant.policies.filter(name="default").exists():
+            policy = policy_services.policy_create(tenant=tenant, name="default", actor=None)
+            version = policy_services.version_create(policy=policy, source=DEMO_POLICY, actor=None,
+                                                     note="demo policy")
+            policy_services.version_publish(version=version, actor=None, note="demo policy")
         return password, new_key.key

@@ -1,0 +1,43 @@
+"""Secret redaction: configured secret values and common credential shapes become
+`[redacted]` before anything is stored, streamed or logged."""
+
+import re
+from collections.abc import Iterable
+
+REDACTED = "[redacted]"
+
+CREDENTIAL_SHAPES = [
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",  # PEM private keys
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
+    r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}\b",  # GitHub tokens
+    r"\bgithub_pat_[A-Za-z0-9_]{40,}\b",
+    r"\bglpat-[A-Za-z0-9_-]{20,}\b",  # GitLab
+    r"\bxox[abprs]-[A-Za-z0-9-]{10,}\b",  # Slack
+    r"\bAIza[0-9A-Za-z_-]{35}\b",  # Google API keys
+    r"\bsk-[A-Za-z0-9_-]{20,}\b",  # OpenAI-style secret keys
+    r"\balk_[0-9a-f]{8}_[A-Za-z0-9_-]{20,}",  # Airlock's own API keys
+    r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b",  # JWTs
+    r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{12,}",  # bearer tokens
+    r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",  # credentials in URLs
+]
+_SHAPES = re.compile("|".join(f"(?:{shape})" for shape in CREDENTIAL_SHAPES), re.DOTALL)
+# `token=…`, `--password=…`, `?api_key=…`: the value goes, the name stays so the line still reads.
+_KEYED = re.compile(r"(?i)((?:^|(?<=[?&\s-]))(?:password|passwd|secret|token|api[_-]?key|access[_-]?key)=)[^\s&'\"]+")
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    for secret in sorted((s for s in secrets if len(s) >= 6), key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return _KEYED.sub(rf"\1{REDACTED}", _SHAPES.sub(REDACTED, text))
+
+
+def redact_data(value, secrets: Iterable[str] = ()):
+    """The same for every string inside a JSON-like value."""
+    secrets = tuple(secrets)
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, list):
+        return [redact_data(item, secrets) for item in value]
+    if isinstance(value, dict):
+        return {key: redact_data(item, secrets) for key, item in value.items()}
+    return value

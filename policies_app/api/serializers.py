@@ -1,0 +1,77 @@
+from rest_framework import serializers
+
+from policies_app.models import Policy, PolicyVersion
+
+
+class VersionRefSerializer(serializers.Serializer):
+    policy = serializers.CharField()
+    number = serializers.IntegerField()
+    sha256 = serializers.CharField()
+
+
+class DecisionSerializer(serializers.Serializer):
+    id = serializers.UUIDField(allow_null=True)
+    allowed = serializers.BooleanField()
+    effect = serializers.ChoiceField(["allow", "deny", "audit_deny"])
+    reason_code = serializers.CharField(allow_null=True)
+    rule_id = serializers.CharField(allow_null=True)
+    message = serializers.CharField()
+    hint = serializers.CharField(allow_blank=True)
+    mode = serializers.ChoiceField(["enforce", "audit"])
+    policy_version = VersionRefSerializer(allow_null=True)
+
+
+class VersionSerializer(serializers.ModelSerializer):
+    state = serializers.SerializerMethodField()
+    author = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    parent = serializers.SlugRelatedField(slug_field="number", read_only=True)
+
+    class Meta:
+        model = PolicyVersion
+        fields = ["number", "sha256", "state", "author", "created_at", "parent", "note", "source", "document"]
+
+    def get_state(self, version: PolicyVersion) -> str:
+        return version.state(self.context.get("published"))
+
+
+class PolicySerializer(serializers.ModelSerializer):
+    published = serializers.SerializerMethodField()
+    shadow = serializers.SlugRelatedField(source="shadow_version", slug_field="number", read_only=True)
+
+    class Meta:
+        model = Policy
+        fields = ["name", "created_at", "published", "shadow"]
+
+    def get_published(self, policy: Policy) -> int | None:
+        version = policy.published_version()
+        return version.number if version else None
+
+
+class PolicyCreateSerializer(serializers.Serializer):
+    name = serializers.SlugField(max_length=63)
+
+
+class VersionCreateSerializer(serializers.Serializer):
+    source = serializers.CharField(trim_whitespace=False, max_length=200_000)
+    note = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class NoteSerializer(serializers.Serializer):
+    note = serializers.CharField(max_length=2000)
+
+
+class RollbackSerializer(NoteSerializer):
+    to = serializers.IntegerField(min_value=1)
+
+
+class ShadowSerializer(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1, allow_null=True)
+
+
+class ReplaySerializer(serializers.Serializer):
+    limit = serializers.IntegerField(min_value=1, max_value=100_000, default=10_000)
+
+
+class EvaluateSerializer(serializers.Serializer):
+    request = serializers.DictField()
+    version = serializers.IntegerField(min_value=1, required=False)

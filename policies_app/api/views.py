@@ -1,0 +1,148 @@
+"""The policy API: policies, versions, publish, rollback, shadow, replay and a dry-run
+evaluate. Every object is found through the tenant-scoped selectors of the calling key."""
+
+from dataclasses import asdict
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.response import Response
+
+from controlplane.api.permissions import HasScope
+from policies_app import selectors, services
+from policies_app.api import serializers as s
+from policies_app.decisions import compiled_version, decide, decision_payload, replay
+from policies_app.document import DocumentError, json_schema
+from policies_app.lint import lint
+
+READ = [HasScope.of("policies:read")]
+WRITE = [HasScope.of("policies:write")]
+
+
+def _tenant(request):
+    return request.user.tenant
+
+
+def _valid(serializer_class, request):
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _document_errors(exc: DocumentError) -> Response:
+    return Response({"error": "invalid_policy", "detail": str(exc), "errors": exc.errors},
+                    status=status.HTTP_400_BAD_REQUEST)
+
+
+def _version_body(version) -> dict:
+    published = version.policy.published_version()
+    body = s.VersionSerializer(version, context={"published": published}).data
+    body["lint"] = [asdict(warning) for warning in lint(services.version_document(version))]
+    return body
+
+
+@extend_schema(methods=["GET"], responses=s.PolicySerializer(many=True))
+@extend_schema(methods=["POST"], request=s.PolicyCreateSerializer, responses={201: s.PolicySerializer})
+@api_view(["GET", "POST"])
+@permission_classes([HasScope.by_method(read="policies:read", write="policies:write")])
+def policies(request):
+    if request.method == "GET":
+        return Response(s.PolicySerializer(selectors.policy_list(_tenant(request)), many=True).data)
+    data = _valid(s.PolicyCreateSerializer, request)
+    policy = services.policy_create(tenant=_tenant(request), name=data["name"], actor=request.auth)
+    return Response(s.PolicySerializer(policy).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(responses=s.PolicySerializer)
+@api_view(["GET"])
+@permission_classes(READ)
+def policy_detail(request, name: str):
+    policy = selectors.policy_get(_tenant(request), name)
+    published = policy.published_version()
+    body = s.PolicySerializer(policy).data
+    body["versions"] = s.VersionSerializer(policy.versions.select_related("author", "parent"), many=True,
+                                           context={"published": published}).data
+    return Response(body)
+
+
+@extend_schema(request=s.VersionCreateSerializer, responses={201: s.VersionSerializer})
+@api_view(["POST"])
+@permission_classes(WRITE)
+def version_create(request, name: str):
+    policy = selectors.policy_get(_tenant(request), name)
+    data = _valid(s.VersionCreateSerializer, request)
+    try:
+        version = services.version_create(policy=policy, source=data["source"], actor=request.auth, note=data["note"])
+    except DocumentError as exc:
+        return _document_errors(exc)
+    return Response(_version_body(version), status=status.HTTP_201_CREATED)
+
+
+@extend_schema(responses=s.VersionSerializer)
+@api_view(["GET"])
+@permission_classes(READ)
+def version_detail(request, name: str, number: int):
+    return Response(_version_body(selectors.version_get(_tenant(request), name, number)))
+
+
+@extend_schema(request=s.NoteSerializer, responses=s.VersionSerializer)
+@api_view(["POST"])
+@permission_classes(WRITE)
+def version_publish(request, name: str, number: int):
+    version = selectors.version_get(_tenant(request), name, number)
+    data = _valid(s.NoteSerializer, request)
+    services.version_publish(version=version, actor=request.auth, note=data["note"])
+    return Response(_version_body(version))
+
+
+@extend_schema(request=s.RollbackSerializer, responses={201: s.VersionSerializer})
+@api_view(["POST"])
+@permission_classes(WRITE)
+def policy_rollback(request, name: str):
+    policy = selectors.policy_get(_tenant(request), name)
+    data = _valid(s.RollbackSerializer, request)
+    target = selectors.version_get(_tenant(request), name, data["to"])
+    version = services.version_rollback(policy=policy, to=target, actor=request.auth, note=data["note"])
+    return Response(_version_body(version), status=status.HTTP_201_CREATED)
+
+
+@extend_schema(request=s.ShadowSerializer, responses=s.PolicySerializer)
+@api_view(["PUT"])
+@permission_classes(WRITE)
+def policy_shadow(request, name: str):
+    policy = selectors.policy_get(_tenant(request), name)
+    data = _valid(s.ShadowSerializer, request)
+    version = selectors.version_get(_tenant(request), name, data["version"]) if data["version"] else None
+    services.policy_set_shadow(policy=policy, version=version, actor=request.auth)
+    return Response(s.PolicySerializer(policy).data)
+
+
+@extend_schema(request=s.ReplaySerializer)
+@api_view(["POST"])
+@permission_classes(READ)
+def version_replay(request, name: str, number: int):
+    version = selectors.version_get(_tenant(request), name, number)
+    data = _valid(s.ReplaySerializer, request)
+    result = replay(tenant=_tenant(request), compiled=compiled_version(version), limit=data["limit"])
+    return Response(asdict(result))
+
+
+@extend_schema(request=s.EvaluateSerializer, responses=s.DecisionSerializer)
+@api_view(["POST"])
+@permission_classes(READ)
+def policy_evaluate(request, name: str):
+    """One request judged by the published version (or `version`): a dry run, not recorded."""
+    policy = selectors.policy_get(_tenant(request), name)
+    data = _valid(s.EvaluateSerializer, request)
+    version = selectors.version_get(_tenant(request), name, data["version"]) if data.get("version") else None
+    evaluation = decide(tenant=_tenant(request), policy=policy, request=data["request"], version=version,
+                        record=False)
+    return Response(decision_payload(evaluation.decision))
+
+
+@extend_schema(summary="JSON Schema of the policy document")
+@api_view(["GET"])
+@permission_classes(READ)
+def policy_schema(request):
+    return Response(json_schema())
+

@@ -1,0 +1,122 @@
+"""Deciding and recording: the published version (and the shadow candidate, if any) judge a
+request; the decision is stored with its request redacted. Replay re-judges recorded traffic
+with a draft to show what it would change before it is published."""
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from controlplane.models import Tenant
+from controlplane.redaction import redact_data
+from policies_app.document import PolicyDocument
+from policies_app.engine import CompiledPolicy, Decision, VersionRef, compile_policy, evaluate
+from policies_app.models import DecisionRecord, Policy, PolicyVersion
+
+COMPILED_CACHE_SIZE = 256
+REPLAY_DEFAULT = 10_000
+_compiled: OrderedDict[tuple, CompiledPolicy] = OrderedDict()
+
+
+def compiled_version(version: PolicyVersion) -> CompiledPolicy:
+    """A version compiled once; its sha256 names its content, so an entry never goes stale."""
+    key = (version.policy.name, version.number, version.sha256)
+    if key in _compiled:
+        _compiled.move_to_end(key)
+        return _compiled[key]
+    compiled = compile_policy(PolicyDocument.model_validate(version.document), VersionRef(*key))
+    _compiled[key] = compiled
+    if len(_compiled) > COMPILED_CACHE_SIZE:
+        _compiled.popitem(last=False)
+    return compiled
+
+
+def _nothing_published(policy: Policy | None) -> Decision:
+    name = policy.name if policy else "default"
+    return Decision(False, "deny", "default_deny", None, f"denied: policy `{name}` has no published version",
+                    f"a security admin can publish a version of policy `{name}`", "enforce")
+
+
+@dataclass
+class Evaluation:
+    decision: Decision
+    record: DecisionRecord | None
+    shadow: Decision | None = None
+
+
+def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=None, conversation_id: str = "",
+           version: PolicyVersion | None = None, secrets: Iterable[str] = (), record: bool = True) -> Evaluation:
+    """Judge one exec request with `version` (default: the policy's published one)."""
+    version = version or (policy.published_version() if policy is not None else None)
+    started = time.perf_counter_ns()
+    decision = evaluate(compiled_version(version), request) if version else _nothing_published(policy)
+    eval_us = (time.perf_counter_ns() - started) // 1000
+    shadow_version = policy.shadow_version if policy is not None and policy.shadow_version_id else None
+    shadow = evaluate(compiled_version(shadow_version), request) if shadow_version else None
+    stored = None
+    if record:
+        stored = DecisionRecord.objects.create(
+            tenant=tenant, session_id=session_id, conversation_id=conversation_id, policy_version=version,
+            mode=decision.mode, kind="exec", request=redact_data(request, secrets), allowed=decision.allowed,
+            effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
+            message=decision.message, hint=decision.hint, eval_us=eval_us,
+            shadow_version=shadow_version, shadow_allowed=shadow.allowed if shadow else None,
+            shadow_effect=shadow.effect if shadow else "", shadow_reason_code=(shadow.reason_code or "") if shadow
+            else "", shadow_rule_id=(shadow.rule_id or "") if shadow else "",
+        )
+    return Evaluation(decision=decision, record=stored, shadow=shadow)
+
+
+def decision_payload(decision: Decision, record: DecisionRecord | None = None) -> dict:
+    """A decision as the API shows it (DESIGN.md §3)."""
+    ref = decision.policy_version
+    return {
+        "id": str(record.id) if record else None, "allowed": decision.allowed, "effect": decision.effect,
+        "reason_code": decision.reason_code, "rule_id": decision.rule_id, "message": decision.message,
+        "hint": decision.hint, "mode": decision.mode,
+        "policy_version": {"policy": ref.policy, "number": ref.number, "sha256": ref.sha256} if ref else None,
+    }
+
+
+# -- replay --------------------------------------------------------------------------------
+
+@dataclass
+class FlipGroup:
+    direction: str  # widening (deny -> allow) or breakage (allow -> deny)
+    rule_id: str
+    reason_code: str
+    count: int = 0
+    examples: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class ReplayResult:
+    replayed: int
+    widenings: int
+    breakages: int
+    groups: list[FlipGroup]
+
+
+def replay(*, tenant: Tenant, compiled: CompiledPolicy, limit: int = REPLAY_DEFAULT, examples: int = 3) -> ReplayResult:
+    """Re-judge the tenant's last `limit` recorded requests; report where the verdict flips.
+    A verdict is the rules' (effect `allow` or not), so audit mode does not hide a flip."""
+    records = (DecisionRecord.objects.filter(tenant=tenant, kind="exec").order_by("-created_at")
+               .values_list("request", "effect")[:limit])
+    groups: dict[tuple, FlipGroup] = {}
+    replayed = widenings = breakages = 0
+    for request, effect in records.iterator(chunk_size=2000):
+        replayed += 1
+        was_allowed = effect == "allow"
+        now = evaluate(compiled, request)
+        if (now.effect == "allow") == was_allowed:
+            continue
+        direction = "breakage" if was_allowed else "widening"
+        widenings += direction == "widening"
+        breakages += direction == "breakage"
+        key = (direction, now.rule_id or "", now.reason_code or "")
+        group = groups.setdefault(key, FlipGroup(direction, key[1], key[2]))
+        group.count += 1
+        if len(group.examples) < examples:
+            group.examples.append(request)
+    ordered = sorted(groups.values(), key=lambda g: (g.direction != "widening", -g.count))
+    return ReplayResult(replayed=replayed, widenings=widenings, breakages=breakages, groups=ordered)

@@ -1,0 +1,211 @@
+"""The policy document (DESIGN.md §4): its schema, YAML parsing with errors at their line,
+and the canonical form whose SHA-256 identifies a version."""
+
+import hashlib
+import json
+import re
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+REASON_CODES = (
+    "schema_invalid", "bin_not_allowed", "arg_denied", "path_outside_workspace", "egress_denied",
+    "limit_exceeded", "session_not_active", "default_deny",
+)
+ReasonCode = Literal[
+    "schema_invalid", "bin_not_allowed", "arg_denied", "path_outside_workspace", "egress_denied",
+    "limit_exceeded", "session_not_active", "default_deny",
+]
+BARE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+RULE_ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Runtime(Strict):
+    driver: Literal["bubblewrap", "docker", "gvisor"] = "bubblewrap"
+    isolation: Literal["standard", "gvisor"] = "standard"
+    image: str = "airlock/sandbox:bookworm"
+
+
+class Limits(Strict):
+    cpus: float = Field(1.0, gt=0, le=16)
+    memory_mb: int = Field(512, ge=32, le=65536)
+    pids: int = Field(128, ge=8, le=4096)
+    disk_mb: int = Field(256, ge=1, le=65536)
+    command_timeout_s: int = Field(15, ge=1, le=3600)
+    session_ttl_s: int = Field(1800, ge=60, le=7 * 86400)
+    output_tail_chars: int = Field(8000, ge=100, le=1_000_000)
+
+
+def _check_patterns(patterns: list[str]) -> list[str]:
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{pattern!r} is not a valid regular expression: {exc}") from None
+    return patterns
+
+
+class CommandRule(Strict):
+    id: str = Field(pattern=RULE_ID)
+    bin: str = Field(description="a bare program name found on the sandbox's PATH, never a path")
+    prepend_args: list[str] = Field(default_factory=list, description="put before the agent's arguments")
+    deny_args: list[str] = Field(default_factory=list, description="regexes; an argument matching any is denied")
+    allow_args: list[str] | None = Field(
+        None, description="regexes; when set, every argument must fully match one of them"
+    )
+    max_args: int | None = Field(None, ge=0, le=1000)
+
+    @field_validator("bin")
+    @classmethod
+    def _bare_name(cls, value: str) -> str:
+        if not re.fullmatch(BARE_NAME, value):
+            raise ValueError(f"{value!r} must be a bare program name such as 'pytest', never a path")
+        return value
+
+    @field_validator("deny_args", "allow_args")
+    @classmethod
+    def _patterns(cls, value: list[str] | None) -> list[str] | None:
+        return _check_patterns(value) if value else value
+
+
+class Filesystem(Strict):
+    workspace: Literal["/workspace"] = "/workspace"
+    arg_paths: Literal["workspace_only", "any"] = "workspace_only"
+
+
+class Network(Strict):
+    egress: Literal["none", "allowlist"] = "none"
+    allow: list[str] = Field(default_factory=list, description="host:port pairs reachable through the proxy")
+
+    @field_validator("allow")
+    @classmethod
+    def _host_ports(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not re.fullmatch(r"[A-Za-z0-9.-]+:[0-9]{1,5}", item):
+                raise ValueError(f"{item!r} is not host:port")
+        return value
+
+
+class Env(Strict):
+    pass_: list[str] = Field(default_factory=list, alias="pass", description="names passed from the session")
+    set: dict[str, str] = Field(default_factory=dict)
+
+
+class ExecRequest(Strict):
+    bin: str
+    args: list[str] = Field(default_factory=list)
+    cwd: str = "/workspace"
+    timeout_s: int | None = None
+
+
+class Expectation(Strict):
+    allowed: bool
+    reason_code: ReasonCode | None = None
+    rule_id: str | None = None
+
+
+class PolicyTest(Strict):
+    request: ExecRequest
+    expect: Expectation
+
+
+class PolicyDocument(Strict):
+    mode: Literal["enforce", "audit"] = "enforce"
+    runtime: Runtime = Field(default_factory=Runtime)
+    limits: Limits = Field(default_factory=Limits)
+    commands: list[CommandRule] = Field(default_factory=list)
+    filesystem: Filesystem = Field(default_factory=Filesystem)
+    network: Network = Field(default_factory=Network)
+    env: Env = Field(default_factory=Env)
+    tests: list[PolicyTest] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_rule_ids(self) -> "PolicyDocument":
+        seen = set()
+        for rule in self.commands:
+            if rule.id in seen:
+                raise ValueError(f"command rule id {rule.id!r} is used twice")
+            seen.add(rule.id)
+        return self
+
+    def canonical(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+class DocumentError(Exception):
+    """The document is not valid: `errors` lists {path, message, line} with the field path
+    (`commands.0.deny_args.1`) and, for YAML, the 1-based line it points at."""
+
+    def __init__(self, errors: list[dict]):
+        super().__init__("; ".join(f"{e['path'] or '(document)'}: {e['message']}" for e in errors))
+        self.errors = errors
+
+
+def parse_yaml(source: str) -> PolicyDocument:
+    try:
+        node = yaml.compose(source, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(source)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise DocumentError([{"path": "", "message": f"not valid YAML: {getattr(exc, 'problem', exc)}",
+                              "line": line}]) from None
+    return _validate(data if data is not None else {}, node)
+
+
+def parse_data(data) -> PolicyDocument:
+    return _validate(data, None)
+
+
+def _validate(data, node) -> PolicyDocument:
+    if not isinstance(data, dict):
+        raise DocumentError([{"path": "", "message": "a policy is a mapping (mode, limits, commands, …)",
+                              "line": 1 if node is not None else None}])
+    try:
+        return PolicyDocument.model_validate(data)
+    except ValidationError as exc:
+        errors = []
+        for error in exc.errors():
+            location = [part for part in error["loc"] if not (isinstance(part, str) and part.startswith("function-"))]
+            errors.append({
+                "path": ".".join(str(part) for part in location),
+                "message": error["msg"].removeprefix("Value error, "),
+                "line": _line_of(node, location),
+            })
+        raise DocumentError(errors) from None
+
+
+def _line_of(node, location: list) -> int | None:
+    """The line of the deepest YAML node on the path that exists (a missing key: its parent)."""
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    for part in location:
+        child = None
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.value == part:
+                    child, line = value, key.start_mark.line + 1
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            child = node.value[part]
+            line = child.start_mark.line + 1
+        if child is None:
+            break
+        node = child
+    return line
+
+
+def json_schema() -> dict:
+    return PolicyDocument.model_json_schema(by_alias=True)

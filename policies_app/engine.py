@@ -1,0 +1,201 @@
+"""The policy engine: a pure function from a compiled version and a request to a Decision.
+
+Default deny. Every decision names its reason_code (a closed set), the rule that decided, a
+message, and a hint that says what would allow the request. A version is compiled once and
+cached by its sha256; evaluation does no I/O."""
+
+import difflib
+import posixpath
+import re
+from dataclasses import asdict, dataclass, field
+
+from pydantic import ValidationError
+
+from policies_app.document import CommandRule, ExecRequest, PolicyDocument
+
+WORKSPACE = "/workspace"
+
+
+@dataclass(frozen=True)
+class VersionRef:
+    policy: str
+    number: int
+    sha256: str
+
+    def label(self) -> str:
+        return f"policy `{self.policy}` v{self.number}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    effect: str  # allow | deny | audit_deny (denied by the rules, allowed because mode is audit)
+    reason_code: str | None
+    rule_id: str | None
+    message: str
+    hint: str
+    mode: str
+    policy_version: VersionRef | None = None
+    argv: tuple[str, ...] = field(default=())  # what runs when allowed: bin, prepend_args, args
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["argv"] = list(self.argv)
+        return data
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    rule: CommandRule
+    deny: tuple[re.Pattern, ...]
+    allow: tuple[re.Pattern, ...] | None
+
+
+@dataclass(frozen=True)
+class CompiledPolicy:
+    document: PolicyDocument
+    ref: VersionRef
+    rules_by_bin: dict[str, tuple[CompiledRule, ...]]
+
+
+def compile_policy(document: PolicyDocument, ref: VersionRef) -> CompiledPolicy:
+    rules: dict[str, list[CompiledRule]] = {}
+    for rule in document.commands:
+        rules.setdefault(rule.bin, []).append(CompiledRule(
+            rule=rule,
+            deny=tuple(re.compile(pattern) for pattern in rule.deny_args),
+            allow=tuple(re.compile(pattern) for pattern in rule.allow_args) if rule.allow_args is not None else None,
+        ))
+    return CompiledPolicy(document=document, ref=ref, rules_by_bin={k: tuple(v) for k, v in rules.items()})
+
+
+# -- evaluation ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Refusal:
+    reason_code: str
+    rule_id: str | None
+    message: str
+    hint: str
+
+
+def evaluate(compiled: CompiledPolicy, request: dict | ExecRequest) -> Decision:
+    """Decide one exec request: `{bin, args, cwd?, timeout_s?}`."""
+    if not isinstance(request, ExecRequest):
+        try:
+            request = ExecRequest.model_validate(request)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+            return _decide(compiled, _Refusal("schema_invalid", None, f"the request is not valid ({problems})",
+                                              "send {bin: <name>, args: [<string>, …], cwd?, timeout_s?}"))
+    refusal, rule = _check_exec(compiled, request)
+    return _decide(compiled, refusal, rule, request)
+
+
+def _decide(compiled: CompiledPolicy, refusal: _Refusal | None, rule: CommandRule | None = None,
+            request: ExecRequest | None = None) -> Decision:
+    mode, ref = compiled.document.mode, compiled.ref
+    if refusal is None:
+        return Decision(True, "allow", None, rule.id, f"allowed by rule `{rule.id}` of {ref.label()}", "", mode,
+                        ref, _argv(rule, request))
+    # Audit mode records the would-be denial and lets the command run; a request that is not
+    # even well-formed has nothing to run, so it is denied in either mode.
+    if mode == "audit" and refusal.reason_code != "schema_invalid":
+        rule = next((r.rule for rules in compiled.rules_by_bin.values() for r in rules if r.rule.id == refusal.rule_id),
+                    None)
+        return Decision(True, "audit_deny", refusal.reason_code, refusal.rule_id,
+                        f"would be denied: {refusal.message}", refusal.hint, mode, ref, _argv(rule, request))
+    return Decision(False, "deny", refusal.reason_code, refusal.rule_id, f"denied: {refusal.message}",
+                    refusal.hint, mode, ref)
+
+
+def _argv(rule: CommandRule | None, request: ExecRequest) -> tuple[str, ...]:
+    prepend = tuple(rule.prepend_args) if rule is not None else ()
+    return (request.bin, *prepend, *request.args)
+
+
+def _check_exec(compiled: CompiledPolicy, request: ExecRequest) -> tuple[_Refusal | None, CommandRule | None]:
+    ref, limits = compiled.ref, compiled.document.limits
+    if "/" in request.bin or not request.bin:
+        return _Refusal("bin_not_allowed", None, f"`{request.bin}` is a path; commands are named, not located",
+                        f"send the bare program name, e.g. `{posixpath.basename(request.bin) or 'pytest'}`"), None
+    if request.timeout_s is not None and request.timeout_s > limits.command_timeout_s:
+        return _Refusal("limit_exceeded", None,
+                        f"timeout_s {request.timeout_s} is above the limit of {limits.command_timeout_s} s",
+                        f"ask for at most {limits.command_timeout_s} s, or a security admin can raise "
+                        f"limits.command_timeout_s in {ref.label()}"), None
+    if _escape(request.cwd, WORKSPACE) is not None:
+        return _Refusal("path_outside_workspace", None, f"cwd `{request.cwd}` is outside {WORKSPACE}",
+                        f"use a cwd inside {WORKSPACE}"), None
+    rules = compiled.rules_by_bin.get(request.bin)
+    if not rules:
+        return _bin_not_allowed(compiled, request.bin), None
+    first_refusal = None
+    for compiled_rule in rules:
+        refusal = _check_args(compiled, compiled_rule, request)
+        if refusal is None:
+            return None, compiled_rule.rule
+        first_refusal = first_refusal or refusal
+    return first_refusal, None
+
+
+def _bin_not_allowed(compiled: CompiledPolicy, bin_name: str) -> _Refusal:
+    allowed = sorted(compiled.rules_by_bin)
+    ref = compiled.ref
+    if not allowed:
+        return _Refusal("default_deny", None, f"{ref.label()} allows no command (default deny)",
+                        f"a security admin can add a rule for `{bin_name}` to {ref.label()}")
+    names = ", ".join(f"`{name}`" for name in allowed)
+    near = difflib.get_close_matches(bin_name, allowed, n=1, cutoff=0.6)
+    hint = f"{ref.label()} allows only {names}; "
+    hint += f"did you mean `{near[0]}`? " if near else ""
+    hint += f"a security admin can add `{bin_name}`"
+    return _Refusal("bin_not_allowed", None, f"`{bin_name}` is not an allowed command", hint)
+
+
+def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: ExecRequest) -> _Refusal | None:
+    rule, ref = compiled_rule.rule, compiled.ref
+    if rule.max_args is not None and len(request.args) > rule.max_args:
+        return _Refusal("arg_denied", rule.id, f"{len(request.args)} arguments; rule `{rule.id}` allows at most "
+                        f"{rule.max_args}", f"send at most {rule.max_args} arguments")
+    for position, arg in enumerate(request.args):
+        for pattern in compiled_rule.deny:
+            if pattern.search(arg):
+                return _Refusal("arg_denied", rule.id,
+                                f"argument {position} `{arg}` matches `{pattern.pattern}`, denied by rule `{rule.id}`",
+                                f"drop `{arg}`; rule `{rule.id}` of {ref.label()} denies arguments matching "
+                                f"`{pattern.pattern}`")
+        if compiled_rule.allow is not None and not any(p.fullmatch(arg) for p in compiled_rule.allow):
+            allowed = ", ".join(f"`{p.pattern}`" for p in compiled_rule.allow) or "none"
+            return _Refusal("arg_denied", rule.id, f"argument {position} `{arg}` matches no allowed pattern of rule "
+                            f"`{rule.id}`", f"rule `{rule.id}` allows only arguments matching {allowed}; a security "
+                            f"admin can widen it")
+        if compiled.document.filesystem.arg_paths == "workspace_only":
+            for value in _path_candidates(arg):
+                if _escape(value, request.cwd) is not None:
+                    return _Refusal("path_outside_workspace", rule.id,
+                                    f"argument {position} `{arg}` points outside {WORKSPACE}",
+                                    f"use paths inside {WORKSPACE} (relative paths resolve from the cwd)")
+    return None
+
+
+def _path_candidates(arg: str) -> list[str]:
+    """The parts of an argument that name a path: the argument itself, or an option's value."""
+    values = [arg]
+    if arg.startswith("-") and "=" in arg:
+        values = [arg.split("=", 1)[1]]
+    return [value for value in values if _looks_like_path(value)]
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.startswith(("/", "~", ".")) or "/" in value or value == ".."
+
+
+def _escape(path: str, cwd: str) -> str | None:
+    """The normalised path when it leaves the workspace, else None."""
+    if path.startswith("~"):
+        return path
+    normal = posixpath.normpath(posixpath.join(cwd, path))
+    if normal == WORKSPACE or normal.startswith(WORKSPACE + "/"):
+        return None
+    return normal

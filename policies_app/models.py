@@ -1,0 +1,137 @@
+"""Policies and their immutable versions. A version's content never changes (the ORM refuses,
+and a database trigger refuses an UPDATE from anywhere); which version is published is the
+append-only history of PolicyPublication rows, so every state change is a new row."""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class ImmutableQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise PermissionError("policy versions are immutable")
+
+    def delete(self):
+        raise PermissionError("policy versions are immutable")
+
+
+class Policy(models.Model):
+    tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.PROTECT, related_name="policies")
+    name = models.SlugField(max_length=63)
+    created_at = models.DateTimeField(default=timezone.now)
+    # A candidate evaluated beside the published version on live traffic (never enforced).
+    shadow_version = models.ForeignKey("PolicyVersion", null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="+")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="one_policy_name_per_tenant")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.name}"
+
+    def published_version(self) -> "PolicyVersion | None":
+        last = self.publications.select_related("version").order_by("-id").first()
+        return last.version if last is not None and last.action != PolicyPublication.RETIRE else None
+
+
+class PolicyVersion(models.Model):
+    policy = models.ForeignKey(Policy, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    document = models.JSONField()  # the canonical document
+    source = models.TextField()  # the YAML as its author wrote it, comments included
+    sha256 = models.CharField(max_length=64)
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    note = models.TextField(blank=True)
+
+    objects = ImmutableQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["policy", "number"], name="one_version_number_per_policy")]
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"{self.policy.name} v{self.number}"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise PermissionError("policy versions are immutable")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError("policy versions are immutable")
+
+    def state(self, published: "PolicyVersion | None") -> str:
+        if published is not None and published.pk == self.pk:
+            return "published"
+        return "retired" if self.publications.exists() else "draft"
+
+
+class PolicyPublication(models.Model):
+    """Append-only: each publish, rollback or retire of a policy, in order."""
+
+    PUBLISH, ROLLBACK, RETIRE = "publish", "rollback", "retire"
+    policy = models.ForeignKey(Policy, on_delete=models.PROTECT, related_name="publications")
+    version = models.ForeignKey(PolicyVersion, on_delete=models.PROTECT, related_name="publications")
+    action = models.CharField(max_length=16, choices=[(a, a) for a in (PUBLISH, ROLLBACK, RETIRE)])
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+")
+    note = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.version}"
+
+
+class DecisionRecord(models.Model):
+    """Every decision, as made: what was asked (secrets redacted), by whom, under which version,
+    and the outcome; with the shadow candidate's outcome beside it when there is one."""
+
+    KINDS = [("exec", "exec"), ("file", "file"), ("egress", "egress")]
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="+")
+    session_id = models.UUIDField(null=True, blank=True)
+    conversation_id = models.CharField(max_length=200, blank=True)
+    policy_version = models.ForeignKey(PolicyVersion, null=True, blank=True, on_delete=models.PROTECT,
+                                       related_name="+")
+    mode = models.CharField(max_length=10)
+    kind = models.CharField(max_length=10, choices=KINDS, default="exec")
+    request = models.JSONField()
+    allowed = models.BooleanField()
+    effect = models.CharField(max_length=12)
+    reason_code = models.CharField(max_length=32, blank=True)
+    rule_id = models.CharField(max_length=64, blank=True)
+    message = models.TextField()
+    hint = models.TextField(blank=True)
+    eval_us = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+    shadow_version = models.ForeignKey(PolicyVersion, null=True, blank=True, on_delete=models.PROTECT,
+                                       related_name="+")
+    shadow_allowed = models.BooleanField(null=True)
+    shadow_effect = models.CharField(max_length=12, blank=True)
+    shadow_reason_code = models.CharField(max_length=32, blank=True)
+    shadow_rule_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"]),
+            models.Index(fields=["tenant", "reason_code", "created_at"]),
+            models.Index(fields=["tenant", "allowed", "created_at"]),
+            models.Index(fields=["session_id", "created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect} {self.request.get('bin', '')} ({self.reason_code or self.rule_id})"
+
+    @property
+    def shadow_differs(self) -> bool:
+        return self.shadow_allowed is not None and self.shadow_allowed != self.allowed

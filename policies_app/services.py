@@ -1,0 +1,103 @@
+"""Writes of policies: versions, publish, rollback, retire. Each goes to the audit log."""
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Max
+
+from controlplane.audit import audit_record, user_of
+from controlplane.models import Tenant
+from policies_app.document import PolicyDocument, parse_yaml
+from policies_app.engine import VersionRef
+from policies_app.models import Policy, PolicyPublication, PolicyVersion
+from policies_app.testing import run_tests
+
+
+@transaction.atomic
+def policy_create(*, tenant: Tenant, name: str, actor) -> Policy:
+    policy = Policy(tenant=tenant, name=name)
+    policy.full_clean()
+    policy.save()
+    audit_record(tenant=tenant, actor=actor, action="policy.created", target=policy, data={"name": name})
+    return policy
+
+
+@transaction.atomic
+def version_create(*, policy: Policy, source: str, actor, note: str = "",
+                   parent: PolicyVersion | None = None) -> PolicyVersion:
+    """Save a draft. Raises DocumentError (field paths and YAML lines) when it is not valid."""
+    document = parse_yaml(source)
+    Policy.objects.select_for_update().filter(pk=policy.pk).first()  # one number at a time
+    last = policy.versions.aggregate(last=Max("number"))["last"] or 0
+    version = PolicyVersion.objects.create(
+        policy=policy, number=last + 1, document=document.canonical(), source=source, sha256=document.sha256(),
+        author=user_of(actor), note=note, parent=parent or policy.published_version(),
+    )
+    audit_record(tenant=policy.tenant, actor=actor, action="policy.version_created", target=version,
+                 data={"policy": policy.name, "number": version.number, "sha256": version.sha256})
+    return version
+
+
+def version_ref(version: PolicyVersion) -> VersionRef:
+    return VersionRef(version.policy.name, version.number, version.sha256)
+
+
+def version_document(version: PolicyVersion) -> PolicyDocument:
+    return PolicyDocument.model_validate(version.document)
+
+
+@transaction.atomic
+def version_publish(*, version: PolicyVersion, actor, note: str,
+                    action: str = PolicyPublication.PUBLISH) -> PolicyPublication:
+    """Publish a version. Needs a note and the document's own tests passing."""
+    if not note.strip():
+        raise ValidationError({"note": "say why you publish this version"})
+    failures = [outcome for outcome in run_tests(version_document(version), version_ref(version))
+                if not outcome.passed]
+    if failures:
+        raise ValidationError({"tests": [f"test {f.index}: expected {f.expected}, got {f.got}" for f in failures]})
+    policy = version.policy
+    previous = policy.published_version()
+    publication = PolicyPublication.objects.create(policy=policy, version=version, action=action,
+                                                   actor=user_of(actor), note=note)
+    audit_record(tenant=policy.tenant, actor=actor, action=f"policy.{'published' if action == 'publish' else action}",
+                 target=version, data={"policy": policy.name, "number": version.number, "sha256": version.sha256,
+                                       "previous": previous.number if previous else None, "note": note})
+    return publication
+
+
+@transaction.atomic
+def version_rollback(*, policy: Policy, to: PolicyVersion, actor, note: str) -> PolicyVersion:
+    """Publish an older document again, as a new version (history only grows)."""
+    if to.policy_id != policy.pk:
+        raise ValidationError({"version": "that version belongs to another policy"})
+    version = version_create(policy=policy, source=to.source, actor=actor,
+                             note=f"rollback to v{to.number}: {note}", parent=policy.published_version())
+    version_publish(version=version, actor=actor, note=note, action=PolicyPublication.ROLLBACK)
+    return version
+
+
+@transaction.atomic
+def policy_retire(*, policy: Policy, actor, note: str) -> None:
+    """Unpublish: the policy then allows nothing (default deny)."""
+    current = policy.published_version()
+    if current is None:
+        raise ValidationError({"policy": "nothing is published"})
+    if not note.strip():
+        raise ValidationError({"note": "say why you retire this policy"})
+    PolicyPublication.objects.create(policy=policy, version=current, action=PolicyPublication.RETIRE,
+                                     actor=user_of(actor), note=note)
+    audit_record(tenant=policy.tenant, actor=actor, action="policy.retired", target=current,
+                 data={"policy": policy.name, "number": current.number, "note": note})
+
+
+
+@transaction.atomic
+def policy_set_shadow(*, policy: Policy, version: PolicyVersion | None, actor) -> Policy:
+    """Name the candidate evaluated beside the published version (None stops shadowing)."""
+    if version is not None and version.policy_id != policy.pk:
+        raise ValidationError({"version": "that version belongs to another policy"})
+    policy.shadow_version = version
+    policy.save(update_fields=["shadow_version"])
+    audit_record(tenant=policy.tenant, actor=actor, action="policy.shadow_set", target=policy,
+                 data={"policy": policy.name, "number": version.number if version else None})
+    return policy

@@ -1,0 +1,97 @@
+import pytest
+
+from controlplane.models import ApiKeyScope, AuditEvent
+
+V1 = """commands:
+  - {id: pytest, bin: pytest, deny_args: ["^-c"]}
+tests:
+  - request: {bin: pytest, args: ["-c", "x"]}
+    expect: {allowed: false, reason_code: arg_denied}
+"""
+
+
+@pytest.fixture
+def writer(acme, make_key, api):
+    return api(make_key(acme, scopes=[ApiKeyScope.POLICIES_READ, ApiKeyScope.POLICIES_WRITE]).key)
+
+
+@pytest.fixture
+def reader(acme, make_key, api):
+    return api(make_key(acme, scopes=[ApiKeyScope.POLICIES_READ], name="reader").key)
+
+
+def post(client, path, body):
+    return client.post(path, body, content_type="application/json")
+
+
+def test_a_policy_is_created_versioned_published_and_rolled_back_through_the_api(writer):
+    assert post(writer, "/api/v1/policies", {"name": "default"}).status_code == 201
+    v1 = post(writer, "/api/v1/policies/default/versions", {"source": V1, "note": "first"})
+    assert v1.status_code == 201 and v1.json()["number"] == 1 and v1.json()["state"] == "draft"
+    assert post(writer, "/api/v1/policies/default/versions/1/publish", {"note": "go"}).json()["state"] == "published"
+    v2 = post(writer, "/api/v1/policies/default/versions", {"source": V1.replace("^-c", "^-p")})
+    assert v2.status_code == 201
+    failing = post(writer, "/api/v1/policies/default/versions/2/publish", {"note": "go"})
+    assert failing.status_code == 400 and "tests" in failing.json()["fields"]
+    back = post(writer, "/api/v1/policies/default/rollback", {"to": 1, "note": "undo"})
+    assert back.status_code == 201 and back.json()["number"] == 3 and back.json()["state"] == "published"
+    detail = writer.get("/api/v1/policies/default").json()
+    assert detail["published"] == 3 and [v["number"] for v in detail["versions"]] == [3, 2, 1]
+    assert AuditEvent.objects.filter(action="policy.rollback", actor__startswith="apikey:alk_").exists()
+
+
+def test_an_invalid_document_gets_400_with_paths_and_lines(writer):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    response = post(writer, "/api/v1/policies/default/versions", {"source": "commands:\n  - {id: x, bin: /bin/sh}\n"})
+    assert response.status_code == 400
+    body = response.json()
+    assert body["error"] == "invalid_policy"
+    assert body["errors"][0]["path"] == "commands.0.bin" and body["errors"][0]["line"] == 2
+
+
+def test_lint_warnings_come_with_the_version(writer):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    body = post(writer, "/api/v1/policies/default/versions", {"source": "commands: [{id: sh, bin: bash}]"}).json()
+    assert body["lint"][0]["rule_id"] == "sh"
+
+
+def test_evaluate_is_a_dry_run_with_the_full_decision(writer):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    post(writer, "/api/v1/policies/default/versions", {"source": V1})
+    post(writer, "/api/v1/policies/default/versions/1/publish", {"note": "go"})
+    decision = post(writer, "/api/v1/policies/default/evaluate", {"request": {"bin": "make"}}).json()
+    assert decision["reason_code"] == "bin_not_allowed" and decision["id"] is None
+    assert decision["policy_version"]["number"] == 1
+    assert set(decision) == {"id", "allowed", "effect", "reason_code", "rule_id", "message", "hint",
+                             "policy_version", "mode"}
+    from policies_app.models import DecisionRecord
+
+    assert not DecisionRecord.objects.exists()
+
+
+def test_a_read_only_key_cannot_write(writer, reader):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    assert reader.get("/api/v1/policies").status_code == 200
+    response = post(reader, "/api/v1/policies/default/versions", {"source": V1})
+    assert response.status_code == 403 and "policies:write" in response.json()["detail"]
+    assert post(reader, "/api/v1/policies", {"name": "other"}).status_code == 403
+
+
+def test_another_tenants_key_sees_none_of_it(writer, globex, make_key, api):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    outsider = api(make_key(globex, scopes=[ApiKeyScope.POLICIES_READ, ApiKeyScope.POLICIES_WRITE]).key)
+    assert outsider.get("/api/v1/policies").json() == []
+    assert outsider.get("/api/v1/policies/default").status_code == 404
+    assert post(outsider, "/api/v1/policies/default/versions", {"source": V1}).status_code == 404
+
+
+def test_malformed_bodies_get_400_with_field_errors(writer):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    response = post(writer, "/api/v1/policies", {"name": "not a slug!"})
+    assert response.status_code == 400 and "name" in response.json()["fields"]
+    assert post(writer, "/api/v1/policies/default/rollback", {"to": "x"}).status_code == 400
+    assert writer.post("/api/v1/policies", "{", content_type="application/json").status_code == 400
+
+
+def test_the_policy_json_schema_is_served(reader):
+    assert "commands" in reader.get("/api/v1/policy-schema").json()["properties"]

@@ -1,0 +1,87 @@
+import pytest
+
+from policies_app import services
+from policies_app.decisions import decide, decision_payload, replay
+from policies_app.document import parse_yaml
+from policies_app.engine import VersionRef, compile_policy
+from policies_app.models import DecisionRecord
+
+PUBLISHED = "commands:\n  - {id: pytest, bin: pytest, deny_args: ['^-c']}\n"
+CANDIDATE = "commands:\n  - {id: pytest, bin: pytest}\n  - {id: make-test, bin: make, allow_args: [test]}\n"
+
+
+@pytest.fixture
+def policy(acme, alice):
+    policy = services.policy_create(tenant=acme, name="default", actor=alice)
+    version = services.version_create(policy=policy, source=PUBLISHED, actor=alice)
+    services.version_publish(version=version, actor=alice, note="first")
+    return policy
+
+
+def test_every_decision_is_recorded_with_its_version_and_timing(acme, policy):
+    evaluation = decide(tenant=acme, policy=policy, request={"bin": "make", "args": ["all"]},
+                        conversation_id="conv-1")
+    record = DecisionRecord.objects.get(pk=evaluation.record.pk)
+    assert (record.allowed, record.reason_code, record.conversation_id) == (False, "bin_not_allowed", "conv-1")
+    assert record.policy_version == policy.published_version()
+    assert record.eval_us >= 0 and record.kind == "exec"
+    payload = decision_payload(evaluation.decision, record)
+    assert payload["policy_version"] == {"policy": "default", "number": 1, "sha256": record.policy_version.sha256}
+    assert payload["id"] == str(record.id)
+
+
+def test_secrets_in_a_request_are_redacted_before_they_are_stored(acme, policy):
+    request = {"bin": "pytest", "args": ["--token=ghp_" + "a" * 36, "AKIAABCDEFGHIJKLMNOP", "my-own-secret-value"]}
+    evaluation = decide(tenant=acme, policy=policy, request=request, secrets=["my-own-secret-value"])
+    stored = DecisionRecord.objects.get(pk=evaluation.record.pk).request
+    assert stored["args"] == ["--token=[redacted]", "[redacted]", "[redacted]"]
+
+
+def test_a_policy_with_nothing_published_denies_by_default(acme, alice):
+    policy = services.policy_create(tenant=acme, name="empty", actor=alice)
+    decision = decide(tenant=acme, policy=policy, request={"bin": "pytest"}).decision
+    assert (decision.allowed, decision.reason_code) == (False, "default_deny")
+    assert "publish" in decision.hint
+
+
+def test_a_dry_run_is_not_recorded(acme, policy):
+    decide(tenant=acme, policy=policy, request={"bin": "pytest"}, record=False)
+    assert not DecisionRecord.objects.exists()
+
+
+def test_the_shadow_candidate_is_judged_beside_the_published_version(acme, alice, policy):
+    candidate = services.version_create(policy=policy, source=CANDIDATE, actor=alice)
+    services.policy_set_shadow(policy=policy, version=candidate, actor=alice)
+    evaluation = decide(tenant=acme, policy=policy, request={"bin": "make", "args": ["test"]})
+    record = evaluation.record
+    assert (record.allowed, record.shadow_allowed, record.shadow_rule_id) == (False, True, "make-test")
+    assert record.shadow_differs
+    same = decide(tenant=acme, policy=policy, request={"bin": "pytest"}).record
+    assert not same.shadow_differs
+
+
+def test_replay_shows_widenings_and_breakages_grouped_by_rule_with_examples(acme, globex, policy):
+    for request in [{"bin": "make", "args": ["test"]}, {"bin": "make", "args": ["test"]},
+                    {"bin": "pytest", "args": ["-c", "x"]}, {"bin": "pytest", "args": ["tests"]},
+                    {"bin": "make", "args": ["deploy"]}]:
+        decide(tenant=acme, policy=policy, request=request)
+    decide(tenant=globex, policy=None, request={"bin": "make", "args": ["test"]})  # another tenant's traffic
+    stricter = CANDIDATE.replace("{id: pytest, bin: pytest}", "{id: pytest, bin: pytest, allow_args: ['-x']}")
+    document = parse_yaml(stricter)
+    result = replay(tenant=acme, compiled=compile_policy(document, VersionRef("default", 2, document.sha256())))
+    assert (result.replayed, result.widenings, result.breakages) == (5, 2, 1)
+    widening = result.groups[0]
+    assert (widening.direction, widening.rule_id, widening.count) == ("widening", "make-test", 2)
+    assert widening.examples == [{"bin": "make", "args": ["test"]}] * 2
+    breakage = result.groups[1]
+    assert (breakage.direction, breakage.reason_code, breakage.rule_id) == ("breakage", "arg_denied", "pytest")
+    assert breakage.examples == [{"bin": "pytest", "args": ["tests"]}]
+
+
+def test_replay_respects_its_limit(acme, policy):
+    for _ in range(5):
+        decide(tenant=acme, policy=policy, request={"bin": "make"})
+    document = parse_yaml(CANDIDATE)
+    result = replay(tenant=acme, compiled=compile_policy(document, VersionRef("default", 2, document.sha256())),
+                    limit=3)
+    assert result.replayed == 3

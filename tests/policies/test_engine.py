@@ -1,0 +1,123 @@
+import pytest
+
+from policies_app.document import parse_yaml
+from policies_app.engine import VersionRef, compile_policy, evaluate
+
+POLICY = """
+commands:
+  - id: pytest
+    bin: pytest
+    prepend_args: ["-q"]
+    deny_args: ["^-c", "^-p"]
+  - id: npm-test
+    bin: npm
+    prepend_args: ["test", "--"]
+  - id: git-status
+    bin: git
+    allow_args: ["status", "--short"]
+    max_args: 2
+limits: {command_timeout_s: 30}
+"""
+
+
+def compiled(source: str = POLICY, number: int = 3):
+    document = parse_yaml(source)
+    return compile_policy(document, VersionRef("default", number, document.sha256()))
+
+
+def decide(request: dict, source: str = POLICY):
+    return evaluate(compiled(source), request)
+
+
+def test_an_allowed_command_names_its_rule_and_the_argv_that_will_run():
+    decision = decide({"bin": "pytest", "args": ["tests/test_app.py"]})
+    assert (decision.allowed, decision.effect, decision.rule_id) == (True, "allow", "pytest")
+    assert decision.argv == ("pytest", "-q", "tests/test_app.py")
+    assert decision.policy_version == VersionRef("default", 3, parse_yaml(POLICY).sha256())
+
+
+def test_a_command_outside_the_allowlist_is_bin_not_allowed_with_a_hint_naming_the_allowlist():
+    decision = decide({"bin": "make", "args": ["all"]})
+    assert (decision.allowed, decision.reason_code) == (False, "bin_not_allowed")
+    assert decision.hint == "policy `default` v3 allows only `git`, `npm`, `pytest`; a security admin can add `make`"
+
+
+def test_a_near_miss_suggests_the_nearest_rule():
+    assert "did you mean `pytest`?" in decide({"bin": "pytset"}).hint
+
+
+def test_a_bin_given_as_a_path_is_refused():
+    decision = decide({"bin": "/usr/bin/pytest"})
+    assert decision.reason_code == "bin_not_allowed"
+    assert "bare program name" in decision.hint
+
+
+@pytest.mark.parametrize("arg", ["-c", "-cfoo", "-p", "-pno:cacheprovider"])
+def test_a_denied_argument_is_arg_denied_naming_the_rule_and_pattern(arg):
+    decision = decide({"bin": "pytest", "args": ["tests", arg]})
+    assert (decision.reason_code, decision.rule_id) == ("arg_denied", "pytest")
+    assert f"`{arg}`" in decision.message and "denies arguments matching" in decision.hint
+
+
+def test_allow_args_admit_only_listed_arguments():
+    assert decide({"bin": "git", "args": ["status", "--short"]}).allowed
+    decision = decide({"bin": "git", "args": ["push"]})
+    assert (decision.reason_code, decision.rule_id) == ("arg_denied", "git-status")
+    assert decide({"bin": "git", "args": ["status", "--short", "--short"]}).reason_code == "arg_denied"
+
+
+@pytest.mark.parametrize(
+    "arg", ["..", "../x", "a/../../x", "/etc/passwd", "/workspace/../etc", "~/.ssh/id_rsa", "--rootdir=/etc",
+            "--junitxml=../../out.xml"],
+)
+def test_paths_leaving_the_workspace_are_path_outside_workspace(arg):
+    decision = decide({"bin": "pytest", "args": [arg]})
+    assert decision.reason_code == "path_outside_workspace", arg
+
+
+@pytest.mark.parametrize("arg", ["tests/", "./a/../b", "/workspace/tests", "a/b/../c", "-k", "test_x"])
+def test_paths_inside_the_workspace_are_allowed(arg):
+    assert decide({"bin": "pytest", "args": [arg]}).allowed, arg
+
+
+def test_a_cwd_outside_the_workspace_is_refused_and_relative_paths_resolve_from_the_cwd():
+    assert decide({"bin": "pytest", "cwd": "/tmp"}).reason_code == "path_outside_workspace"
+    assert decide({"bin": "pytest", "cwd": "/workspace/a", "args": ["../b"]}).allowed
+    assert decide({"bin": "pytest", "cwd": "/workspace/a", "args": ["../../b"]}).reason_code == \
+        "path_outside_workspace"
+
+
+def test_a_timeout_above_the_limit_is_limit_exceeded():
+    decision = decide({"bin": "pytest", "timeout_s": 31})
+    assert decision.reason_code == "limit_exceeded"
+    assert "30 s" in decision.hint
+    assert decide({"bin": "pytest", "timeout_s": 30}).allowed
+
+
+@pytest.mark.parametrize("request_body", [{"bin": 3}, {"args": ["x"]}, {"bin": "pytest", "args": "x"},
+                                          {"bin": "pytest", "shell": True}])
+def test_a_malformed_request_is_schema_invalid(request_body):
+    assert decide(request_body).reason_code == "schema_invalid"
+
+
+def test_an_empty_policy_denies_everything_by_default():
+    decision = decide({"bin": "pytest"}, source="mode: enforce\n")
+    assert (decision.allowed, decision.reason_code) == (False, "default_deny")
+
+
+def test_audit_mode_allows_but_records_the_would_be_denial():
+    decision = decide({"bin": "pytest", "args": ["-c", "x"]}, source=POLICY + "mode: audit\n")
+    assert (decision.allowed, decision.effect, decision.reason_code) == (True, "audit_deny", "arg_denied")
+    assert decision.message.startswith("would be denied:")
+    assert decision.argv == ("pytest", "-q", "-c", "x")
+
+
+def test_audit_mode_still_refuses_a_malformed_request():
+    decision = decide({"bin": 3}, source=POLICY + "mode: audit\n")
+    assert (decision.allowed, decision.reason_code) == (False, "schema_invalid")
+
+
+def test_arguments_are_never_interpreted_by_a_shell():
+    decision = decide({"bin": "npm", "args": ["; rm -rf / #", "$(id)"]})
+    assert decision.allowed
+    assert decision.argv == ("npm", "test", "--", "; rm -rf / #", "$(id)")
