@@ -162,6 +162,9 @@ AIRLOCK_SANDBOX_DIR = env_str(
     "AIRLOCK_SANDBOX_DIR", "/var/lib/airlock/sandboxes" if _AS_ROOT else str(DATA_DIR / "sandboxes")
 )
 
+# Decisions older than this are deleted by `manage.py prune_decisions` (run it daily).
+AIRLOCK_DECISION_RETENTION_DAYS = env_int("AIRLOCK_DECISION_RETENTION_DAYS", 90, minimum=1)
+
 # How often an API key's last-used time is written: once per key per this many seconds.
 AIRLOCK_KEY_TOUCH_INTERVAL_S = env_int("AIRLOCK_KEY_TOUCH_INTERVAL_S", 60)
 

@@ -1,10 +1,10 @@
 """Reads of policies, always scoped to a tenant."""
 
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 from django.shortcuts import get_object_or_404
 
 from controlplane.models import Tenant
-from policies_app.models import Policy, PolicyVersion
+from policies_app.models import DecisionRecord, Policy, PolicyVersion
 
 
 def policy_list(tenant: Tenant) -> QuerySet[Policy]:
@@ -20,3 +20,11 @@ def version_get(tenant: Tenant, policy_name: str, number: int) -> PolicyVersion:
         PolicyVersion.objects.select_related("policy", "author"), policy__tenant=tenant, policy__name=policy_name,
         number=number,
     )
+
+
+def shadow_differences(policy: Policy, *, limit: int = 50) -> QuerySet[DecisionRecord]:
+    """Recent live decisions where the shadow candidate judged differently."""
+    return (DecisionRecord.objects.filter(tenant=policy.tenant, shadow_version__policy=policy,
+                                          shadow_allowed__isnull=False)
+            .exclude(shadow_allowed=F("allowed")).select_related("policy_version", "shadow_version")
+            .order_by("-created_at")[:limit])

@@ -57,7 +57,7 @@ def policy_detail(request, name: str):
     history = policy.publications.select_related("version", "actor")[:50]
     return render(request, "policies_app/policy_detail.html",
                   {"section": "policies", "policy": policy, "published": published, "versions": versions,
-                   "history": history})
+                   "history": history, "shadow_differences": selectors.shadow_differences(policy)})
 
 
 @tenant_view("edit_policy")

@@ -85,3 +85,30 @@ def test_replay_respects_its_limit(acme, policy):
     result = replay(tenant=acme, compiled=compile_policy(document, VersionRef("default", 2, document.sha256())),
                     limit=3)
     assert result.replayed == 3
+
+
+def test_the_policy_page_lists_where_the_shadow_differs(acme, alice, policy, client_for):
+    from django.urls import reverse
+
+    candidate = services.version_create(policy=policy, source=CANDIDATE, actor=alice)
+    services.policy_set_shadow(policy=policy, version=candidate, actor=alice)
+    decide(tenant=acme, policy=policy, request={"bin": "make", "args": ["test"]})
+    decide(tenant=acme, policy=policy, request={"bin": "pytest", "args": ["tests"]})
+    page = client_for(alice).get(reverse("policy", args=["acme", "default"])).content.decode()
+    assert "<code>make test</code>" in page and "<code>pytest tests</code>" not in page
+
+
+def test_decisions_past_the_retention_are_pruned(acme, policy):
+    from datetime import timedelta
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    old = decide(tenant=acme, policy=policy, request={"bin": "make"}).record
+    DecisionRecord.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=91))
+    decide(tenant=acme, policy=policy, request={"bin": "make"})
+    out = StringIO()
+    call_command("prune_decisions", stdout=out)
+    assert "deleted 1 decision" in out.getvalue()
+    assert DecisionRecord.objects.count() == 1

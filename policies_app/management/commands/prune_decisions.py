@@ -1,0 +1,22 @@
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from policies_app.models import DecisionRecord
+
+
+class Command(BaseCommand):
+    help = "Delete decisions older than AIRLOCK_DECISION_RETENTION_DAYS (or --days)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--days", type=int, help="override the retention setting")
+
+    def handle(self, *args, days=None, **options):
+        days = days or settings.AIRLOCK_DECISION_RETENTION_DAYS
+        if days < 1:
+            raise CommandError("--days must be at least 1")
+        cutoff = timezone.now() - timedelta(days=days)
+        deleted, _ = DecisionRecord.objects.filter(created_at__lt=cutoff).delete()
+        self.stdout.write(f"deleted {deleted} decision(s) older than {days} days")
