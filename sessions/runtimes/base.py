@@ -4,6 +4,7 @@ A driver turns a SandboxSpec into a Sandbox, runs argv lists in it (never a shel
 their output as Chunk events that end with one ExitStatus, and destroys it without a trace.
 Every driver passes the same conformance suite (tests/runtimes/)."""
 
+import posixpath
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -85,6 +86,18 @@ def sandbox_env(spec_env: Mapping[str, str], exec_env: Mapping[str, str] | None)
     env.update(spec_env)
     env.update(exec_env or {})
     return env
+
+
+def check_argv(argv: Sequence[str]) -> None:
+    if not argv or not all(isinstance(arg, str) and "\0" not in arg for arg in argv):
+        raise SandboxError("argv must be a non-empty list of strings without NUL bytes")
+
+
+def workspace_cwd(cwd: str) -> str:
+    normal = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
+    if normal != WORKSPACE and not normal.startswith(WORKSPACE + "/"):
+        raise SandboxError(f"cwd {cwd!r} is outside {WORKSPACE}")
+    return normal
 
 
 class Driver(ABC):

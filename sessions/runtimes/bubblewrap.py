@@ -14,7 +14,6 @@ their rlimits); only then does the command start, and everything it forks inheri
 import contextlib
 import json
 import os
-import posixpath
 import resource
 import selectors
 import shutil
@@ -22,6 +21,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +39,9 @@ from sessions.runtimes.base import (
     SandboxError,
     SandboxSpec,
     Stats,
+    check_argv,
     sandbox_env,
+    workspace_cwd,
 )
 from sessions.runtimes.cgroups import CgroupManager
 from sessions.runtimes.linux import is_mount_point, mount_tmpfs, unmount
@@ -124,6 +126,7 @@ class BubblewrapDriver(Driver):
         self.destroy_by_id(sandbox.id)
 
     def destroy_by_id(self, sandbox_id: str) -> None:
+        uuid.UUID(sandbox_id)  # an id becomes a path below: nothing but a UUID may get there
         self._kill_processes(sandbox_id)
         if self.cgroups.available:
             self.cgroups.remove(sandbox_id)
@@ -139,15 +142,15 @@ class BubblewrapDriver(Driver):
         ids = set(self.cgroups.list_ids()) if self.cgroups.available else set()
         if self.sandbox_dir.is_dir():
             ids.update(child.name for child in self.sandbox_dir.iterdir())
-        return sorted(ids)
+        return sorted(sandbox_id for sandbox_id in ids if _is_uuid(sandbox_id))
 
     # -- commands --------------------------------------------------------------------------
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
         env: Mapping[str, str] | None = None, timeout_s: float | None = None,
     ) -> Iterator[Chunk | ExitStatus]:
-        _check_argv(argv)
-        cwd = _inside_workspace(cwd)
+        check_argv(argv)
+        cwd = workspace_cwd(cwd)
         limits = sandbox.spec.limits
         timeout_s = timeout_s or limits.command_timeout_s
         started = time.monotonic()
@@ -280,16 +283,11 @@ class BubblewrapDriver(Driver):
         )
 
 
-def _check_argv(argv: Sequence[str]) -> None:
-    if not argv or not all(isinstance(arg, str) and "\0" not in arg for arg in argv):
-        raise SandboxError("argv must be a non-empty list of strings without NUL bytes")
-
-
-def _inside_workspace(cwd: str) -> str:
-    normal = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
-    if normal != WORKSPACE and not normal.startswith(WORKSPACE + "/"):
-        raise SandboxError(f"cwd {cwd!r} is outside {WORKSPACE}")
-    return normal
+def _is_uuid(value: str) -> bool:
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
 
 
 def _read_child_pid(fd: int) -> int:

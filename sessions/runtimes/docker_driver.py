@@ -42,9 +42,10 @@ from sessions.runtimes.base import (
     SandboxError,
     SandboxSpec,
     Stats,
+    check_argv,
     sandbox_env,
+    workspace_cwd,
 )
-from sessions.runtimes.bubblewrap import _check_argv, _inside_workspace
 
 NOBODY = "65534:65534"
 LABEL_SESSION = "airlock.session"
@@ -195,8 +196,8 @@ class DockerDriver(Driver):
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
         env: Mapping[str, str] | None = None, timeout_s: float | None = None,
     ) -> Iterator[Chunk | ExitStatus]:
-        _check_argv(argv)
-        cwd = _inside_workspace(cwd)
+        check_argv(argv)
+        cwd = workspace_cwd(cwd)
         limits = sandbox.spec.limits
         timeout_s = timeout_s or limits.command_timeout_s
         api = self.client.api
