@@ -80,8 +80,7 @@ KEEPALIVE_PID = "import os; print(min(int(p) for p in os.listdir('/proc') if p.i
 
 @dataclass
 class _Running:
-    exec_id: str
-    reason: str | None = None
+    reason: str | None = None  # set by whoever stops the command: timeout, killed, output_limit
 
 
 class DockerDriver(Driver):
@@ -205,18 +204,24 @@ class DockerDriver(Driver):
         oom_before = self._oom_kills(sandbox)
         if not self._container_running(sandbox):
             raise SandboxError("the sandbox is not running (under gVisor an out-of-memory kill ends it)")
-        exec_id = api.exec_create(
-            sandbox.handle["container"], list(argv), stdout=True, stderr=True, user=NOBODY, workdir=cwd,
-            environment=sandbox_env(sandbox.spec.env, env),
-        )["Id"]
-        running = _Running(exec_id=exec_id)
+        running = _Running()
         with self._lock:
             if sandbox.id in self._running:
                 raise SandboxError("a command is already running in this sandbox")
             self._running[sandbox.id] = running
-        sock = api.exec_start(exec_id, socket=True)
+        try:
+            exec_id = api.exec_create(
+                sandbox.handle["container"], list(argv), stdout=True, stderr=True, user=NOBODY, workdir=cwd,
+                environment=sandbox_env(sandbox.spec.env, env),
+            )["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        except BaseException:
+            with self._lock:
+                self._running.pop(sandbox.id, None)
+            raise
         raw = getattr(sock, "_sock", sock)
         output_bytes = 0
+
         def on_idle() -> bool:
             """True when the stream will not end by itself: the container died (under gVisor an
             OOM ends the whole sandbox), or the command exited while a process it left behind
