@@ -1,3 +1,4 @@
+from controlplane.roles import MINIMUM_ROLE
 from controlplane.selectors import memberships_of
 
 
@@ -10,4 +11,6 @@ def tenant_nav(request) -> dict:
         "membership": membership,
         "tenant": membership.tenant,
         "memberships": memberships_of(request.user),
+        # What the current role may do, for templates: {% if can.publish_policy %}.
+        "can": {action: membership.can(action) for action in MINIMUM_ROLE},
     }

@@ -17,12 +17,15 @@ CREDENTIAL_SHAPES = [
     r"\bsk-[A-Za-z0-9_-]{20,}\b",  # OpenAI-style secret keys
     r"\balk_[0-9a-f]{8}_[A-Za-z0-9_-]{20,}",  # Airlock's own API keys
     r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b",  # JWTs
-    r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{12,}",  # bearer tokens
+    r"(?i:bearer|basic)\s+[A-Za-z0-9._~+/=-]{12,}",  # bearer tokens, basic credentials
     r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",  # credentials in URLs
 ]
 _SHAPES = re.compile("|".join(f"(?:{shape})" for shape in CREDENTIAL_SHAPES), re.DOTALL)
 # `token=…`, `--password=…`, `?api_key=…`: the value goes, the name stays so the line still reads.
-_KEYED = re.compile(r"(?i)((?:^|(?<=[?&\s-]))(?:password|passwd|secret|token|api[_-]?key|access[_-]?key)=)[^\s&'\"]+")
+SECRET_WORD = r"(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|credentials?)"  # noqa: S105 - a pattern, not a password
+_KEYED = re.compile(rf"(?i)((?:^|(?<=[?&\s-]))[A-Za-z0-9_.-]*{SECRET_WORD}[A-Za-z0-9_]*\s*[=:]\s*)[^\s&'\"]+")
+# `--password hunter2`: an argument that names a secret makes the next argument one.
+_SECRET_FLAG = re.compile(rf"(?i)^--?[A-Za-z0-9_-]*{SECRET_WORD}[A-Za-z0-9_-]*$")
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
@@ -37,7 +40,11 @@ def redact_data(value, secrets: Iterable[str] = ()):
     if isinstance(value, str):
         return redact(value, secrets)
     if isinstance(value, list):
-        return [redact_data(item, secrets) for item in value]
+        redacted, hide_next = [], False
+        for item in value:
+            redacted.append(REDACTED if hide_next and isinstance(item, str) else redact_data(item, secrets))
+            hide_next = isinstance(item, str) and bool(_SECRET_FLAG.match(item))
+        return redacted
     if isinstance(value, dict):
         return {key: redact_data(item, secrets) for key, item in value.items()}
     return value

@@ -67,8 +67,10 @@ def membership_remove(*, membership: Membership, actor) -> None:
 
 
 def _refuse_losing_last_admin(membership: Membership) -> None:
-    admins = Membership.objects.select_for_update().filter(tenant=membership.tenant, role=Role.TENANT_ADMIN)
-    if admins.exclude(pk=membership.pk).count() == 0:
+    # Lock the tenant row: two admins demoting each other at once are serialised here.
+    Tenant.objects.select_for_update().filter(pk=membership.tenant_id).first()
+    admins = Membership.objects.filter(tenant=membership.tenant, role=Role.TENANT_ADMIN)
+    if not admins.exclude(pk=membership.pk).exists():
         raise ValidationError({"role": "a tenant keeps at least one tenant_admin"})
 
 

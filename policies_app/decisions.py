@@ -2,13 +2,14 @@
 request; the decision is stored with its request redacted. Replay re-judges recorded traffic
 with a draft to show what it would change before it is published."""
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from controlplane.models import Tenant
-from controlplane.redaction import redact_data
+from controlplane.redaction import redact, redact_data
 from policies_app.document import PolicyDocument
 from policies_app.engine import CompiledPolicy, Decision, VersionRef, compile_policy, evaluate
 from policies_app.models import DecisionRecord, Policy, PolicyVersion
@@ -16,18 +17,21 @@ from policies_app.models import DecisionRecord, Policy, PolicyVersion
 COMPILED_CACHE_SIZE = 256
 REPLAY_DEFAULT = 10_000
 _compiled: OrderedDict[tuple, CompiledPolicy] = OrderedDict()
+_compiled_lock = threading.Lock()
 
 
 def compiled_version(version: PolicyVersion) -> CompiledPolicy:
     """A version compiled once; its sha256 names its content, so an entry never goes stale."""
     key = (version.policy.name, version.number, version.sha256)
-    if key in _compiled:
-        _compiled.move_to_end(key)
-        return _compiled[key]
+    with _compiled_lock:
+        if key in _compiled:
+            _compiled.move_to_end(key)
+            return _compiled[key]
     compiled = compile_policy(PolicyDocument.model_validate(version.document), VersionRef(*key))
-    _compiled[key] = compiled
-    if len(_compiled) > COMPILED_CACHE_SIZE:
-        _compiled.popitem(last=False)
+    with _compiled_lock:
+        _compiled[key] = compiled
+        if len(_compiled) > COMPILED_CACHE_SIZE:
+            _compiled.popitem(last=False)
     return compiled
 
 
@@ -55,11 +59,12 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
     shadow = evaluate(compiled_version(shadow_version), request) if shadow_version else None
     stored = None
     if record:
+        secrets = tuple(secrets)
         stored = DecisionRecord.objects.create(
             tenant=tenant, session_id=session_id, conversation_id=conversation_id, policy_version=version,
             mode=decision.mode, kind="exec", request=redact_data(request, secrets), allowed=decision.allowed,
             effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
-            message=decision.message, hint=decision.hint, eval_us=eval_us,
+            message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us,
             shadow_version=shadow_version, shadow_allowed=shadow.allowed if shadow else None,
             shadow_effect=shadow.effect if shadow else "", shadow_reason_code=(shadow.reason_code or "") if shadow
             else "", shadow_rule_id=(shadow.rule_id or "") if shadow else "",
@@ -97,10 +102,12 @@ class ReplayResult:
     groups: list[FlipGroup]
 
 
-def replay(*, tenant: Tenant, compiled: CompiledPolicy, limit: int = REPLAY_DEFAULT, examples: int = 3) -> ReplayResult:
-    """Re-judge the tenant's last `limit` recorded requests; report where the verdict flips.
-    A verdict is the rules' (effect `allow` or not), so audit mode does not hide a flip."""
-    records = (DecisionRecord.objects.filter(tenant=tenant, kind="exec").order_by("-created_at")
+def replay(*, policy: Policy, compiled: CompiledPolicy, limit: int = REPLAY_DEFAULT, examples: int = 3) -> ReplayResult:
+    """Re-judge the last `limit` requests recorded under this policy; report where the verdict
+    flips. A verdict is the rules' (effect `allow` or not), so audit mode does not hide a flip.
+    Requests are stored redacted, so a flip that hinges on a redacted value is not seen."""
+    records = (DecisionRecord.objects.filter(tenant=policy.tenant, kind="exec", policy_version__policy=policy)
+               .order_by("-created_at")
                .values_list("request", "effect")[:limit])
     groups: dict[tuple, FlipGroup] = {}
     replayed = widenings = breakages = 0

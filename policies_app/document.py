@@ -32,7 +32,7 @@ class Runtime(Strict):
 
 
 class Limits(Strict):
-    cpus: float = Field(1.0, gt=0, le=16)
+    cpus: float = Field(1.0, ge=0.01, le=16)
     memory_mb: int = Field(512, ge=32, le=65536)
     pids: int = Field(128, ge=8, le=4096)
     disk_mb: int = Field(256, ge=1, le=65536)
@@ -91,16 +91,51 @@ class Network(Strict):
         return value
 
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# Variables that change how programs load code; a policy may not set or pass them.
+LOADER_VARIABLES = re.compile(r"LD_.*|GCONV_PATH|PYTHONSTARTUP|PYTHONPATH|PERL5OPT|NODE_OPTIONS|BASH_ENV|ENV")
+
+
+def _check_env_name(name: str) -> str:
+    if not ENV_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not an environment variable name")
+    if LOADER_VARIABLES.fullmatch(name):
+        raise ValueError(f"{name!r} changes how programs load code and may not be set")
+    return name
+
+
 class Env(Strict):
     pass_: list[str] = Field(default_factory=list, alias="pass", description="names passed from the session")
     set: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("pass_")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        return [_check_env_name(name) for name in value]
+
+    @field_validator("set")
+    @classmethod
+    def _values(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, item in value.items():
+            _check_env_name(name)
+            if "\0" in item:
+                raise ValueError(f"the value of {name} holds a NUL byte")
+        return value
+
 
 class ExecRequest(Strict):
-    bin: str
-    args: list[str] = Field(default_factory=list)
-    cwd: str = "/workspace"
-    timeout_s: int | None = None
+    bin: str = Field(max_length=255)
+    args: list[str] = Field(default_factory=list, max_length=1000)
+    cwd: str = Field("/workspace", max_length=4096)
+    timeout_s: int | None = Field(None, ge=1)
+
+    @field_validator("bin", "cwd", "args")
+    @classmethod
+    def _no_nul(cls, value):
+        for item in value if isinstance(value, list) else [value]:
+            if "\0" in item:
+                raise ValueError("NUL bytes are not allowed")
+        return value
 
 
 class Expectation(Strict):
@@ -156,6 +191,8 @@ def parse_yaml(source: str) -> PolicyDocument:
     try:
         node = yaml.compose(source, Loader=yaml.SafeLoader)
         data = yaml.safe_load(source)
+    except RecursionError:
+        raise DocumentError([{"path": "", "message": "the document is nested too deeply", "line": None}]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

@@ -77,6 +77,7 @@ class _Refusal:
     rule_id: str | None
     message: str
     hint: str
+    hard: bool = False  # refused whatever the mode: nothing safe to run (audit mode does not waive it)
 
 
 def evaluate(compiled: CompiledPolicy, request: dict | ExecRequest) -> Decision:
@@ -87,7 +88,8 @@ def evaluate(compiled: CompiledPolicy, request: dict | ExecRequest) -> Decision:
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
             return _decide(compiled, _Refusal("schema_invalid", None, f"the request is not valid ({problems})",
-                                              "send {bin: <name>, args: [<string>, …], cwd?, timeout_s?}"))
+                                              "send {bin: <name>, args: [<string>, …], cwd?, timeout_s?}",
+                                              hard=True))
     refusal, rule = _check_exec(compiled, request)
     return _decide(compiled, refusal, rule, request)
 
@@ -98,9 +100,10 @@ def _decide(compiled: CompiledPolicy, refusal: _Refusal | None, rule: CommandRul
     if refusal is None:
         return Decision(True, "allow", None, rule.id, f"allowed by rule `{rule.id}` of {ref.label()}", "", mode,
                         ref, _argv(rule, request))
-    # Audit mode records the would-be denial and lets the command run; a request that is not
-    # even well-formed has nothing to run, so it is denied in either mode.
-    if mode == "audit" and refusal.reason_code != "schema_invalid":
+    # Audit mode records the would-be denial and lets the command run; what no policy may waive
+    # (a malformed request, a bin given as a path, a cwd outside the workspace, a limit) is
+    # denied in either mode.
+    if mode == "audit" and not refusal.hard:
         rule = next((r.rule for rules in compiled.rules_by_bin.values() for r in rules if r.rule.id == refusal.rule_id),
                     None)
         return Decision(True, "audit_deny", refusal.reason_code, refusal.rule_id,
@@ -118,15 +121,16 @@ def _check_exec(compiled: CompiledPolicy, request: ExecRequest) -> tuple[_Refusa
     ref, limits = compiled.ref, compiled.document.limits
     if "/" in request.bin or not request.bin:
         return _Refusal("bin_not_allowed", None, f"`{request.bin}` is a path; commands are named, not located",
-                        f"send the bare program name, e.g. `{posixpath.basename(request.bin) or 'pytest'}`"), None
+                        f"send the bare program name, e.g. `{posixpath.basename(request.bin) or 'pytest'}`",
+                        hard=True), None
     if request.timeout_s is not None and request.timeout_s > limits.command_timeout_s:
         return _Refusal("limit_exceeded", None,
                         f"timeout_s {request.timeout_s} is above the limit of {limits.command_timeout_s} s",
                         f"ask for at most {limits.command_timeout_s} s, or a security admin can raise "
-                        f"limits.command_timeout_s in {ref.label()}"), None
+                        f"limits.command_timeout_s in {ref.label()}", hard=True), None
     if _escape(request.cwd, WORKSPACE) is not None:
         return _Refusal("path_outside_workspace", None, f"cwd `{request.cwd}` is outside {WORKSPACE}",
-                        f"use a cwd inside {WORKSPACE}"), None
+                        f"use a cwd inside {WORKSPACE}", hard=True), None
     rules = compiled.rules_by_bin.get(request.bin)
     if not rules:
         return _bin_not_allowed(compiled, request.bin), None
@@ -179,16 +183,19 @@ def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: 
     return None
 
 
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*")
+
+
 def _path_candidates(arg: str) -> list[str]:
-    """The parts of an argument that name a path: the argument itself, or an option's value."""
-    values = [arg]
-    if arg.startswith("-") and "=" in arg:
-        values = [arg.split("=", 1)[1]]
-    return [value for value in values if _looks_like_path(value)]
-
-
-def _looks_like_path(value: str) -> bool:
-    return value.startswith(("/", "~", ".")) or "/" in value or value == ".."
+    """Every part of an argument that may name a path: the argument, an attached short-option
+    value (`-o/etc/x`), the pieces around `=`, `:`, `,` and `@` (`--out=../x`, `x:/etc`,
+    `@/etc/x`), a `file://` URL's path. Other URLs are not paths. A relative piece without a `..`
+    segment cannot leave the cwd, so it is not a candidate."""
+    text = URL.sub(lambda m: m.group(0)[7:] if m.group(0).lower().startswith("file://") else " ", arg)
+    pieces = re.split(r"[=:,@\s]", text)
+    if re.match(r"-[A-Za-z0-9]", arg) and len(arg) > 2:
+        pieces.append(text[2:])
+    return [piece for piece in pieces if piece.startswith(("/", "~")) or ".." in piece.split("/")]
 
 
 def _escape(path: str, cwd: str) -> str | None:

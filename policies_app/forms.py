@@ -16,4 +16,4 @@ class NoteForm(forms.Form):
 
 
 class ReplayForm(forms.Form):
-    limit = forms.IntegerField(min_value=1, max_value=100_000, initial=10_000, required=False)
+    limit = forms.IntegerField(min_value=1, max_value=20_000, initial=10_000, required=False)

@@ -35,8 +35,9 @@ def lint(document: PolicyDocument) -> list[LintWarning]:
     for rule in document.commands:
         if (warning := _lint_rule(rule)) is not None:
             warnings.append(warning)
-    if document.network.egress == "allowlist" and not document.network.allow:
-        warnings.append(LintWarning("network", "egress is `allowlist` with an empty allow list: nothing is reachable"))
+    if document.network.egress == "allowlist":
+        warnings.append(LintWarning("network", "egress `allowlist` is not enforced yet: sandboxes have no network "
+                                               "at all until the egress proxy ships"))
     return warnings
 
 
@@ -58,4 +59,11 @@ def _lint_rule(rule: CommandRule) -> LintWarning | None:
 
 
 def _denied(rule: CommandRule, flag: str) -> bool:
-    return any(re.search(pattern, flag) for pattern in rule.deny_args)
+    """Closed only when every spelling of the flag is denied: `-c`, `-cCODE`, `-Ic` (combined
+    short flags), `--eval=CODE`."""
+    spellings = [flag]
+    if re.fullmatch(r"-[A-Za-z]", flag):
+        spellings += [flag + "x", "-I" + flag[1:]]
+    elif flag.startswith("--"):
+        spellings.append(flag + "=x")
+    return all(any(re.search(pattern, spelling) for pattern in rule.deny_args) for spelling in spellings)

@@ -4,7 +4,6 @@ lines, lint warnings, its own tests, a diff against the published version, a rep
 import difflib
 from dataclasses import dataclass, field
 
-from controlplane.models import Tenant
 from policies_app.decisions import ReplayResult, replay
 from policies_app.document import DocumentError, PolicyDocument, parse_yaml
 from policies_app.engine import VersionRef, compile_policy
@@ -37,7 +36,7 @@ class Review:
         return sum(not outcome.passed for outcome in self.tests)
 
 
-def review(*, tenant: Tenant, policy: Policy, source: str, number: int = 0, with_replay: bool = False,
+def review(*, policy: Policy, source: str, number: int = 0, with_replay: bool = False,
            replay_limit: int = 10_000) -> Review:
     published = policy.published_version()
     diff = source_diff(published.source if published else "", source)
@@ -48,7 +47,7 @@ def review(*, tenant: Tenant, policy: Policy, source: str, number: int = 0, with
     ref = VersionRef(policy.name, number, document.sha256())
     result = Review(document=document, warnings=lint(document), tests=run_tests(document, ref), diff=diff)
     if with_replay:
-        result.replay = replay(tenant=tenant, compiled=compile_policy(document, ref), limit=replay_limit)
+        result.replay = replay(policy=policy, compiled=compile_policy(document, ref), limit=replay_limit)
     return result
 
 

@@ -1,12 +1,12 @@
 """Writes of policies: versions, publish, rollback, retire. Each goes to the audit log."""
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from controlplane.audit import audit_record, user_of
 from controlplane.models import Tenant
-from policies_app.document import PolicyDocument, parse_yaml
+from policies_app.document import DocumentError, PolicyDocument, parse_yaml
 from policies_app.engine import VersionRef
 from policies_app.models import Policy, PolicyPublication, PolicyVersion
 from policies_app.testing import run_tests
@@ -16,7 +16,11 @@ from policies_app.testing import run_tests
 def policy_create(*, tenant: Tenant, name: str, actor) -> Policy:
     policy = Policy(tenant=tenant, name=name)
     policy.full_clean()
-    policy.save()
+    try:
+        with transaction.atomic():
+            policy.save()
+    except IntegrityError:  # created at the same moment by someone else
+        raise ValidationError({"name": f"a policy named {name!r} already exists"}) from None
     audit_record(tenant=tenant, actor=actor, action="policy.created", target=policy, data={"name": name})
     return policy
 
@@ -70,8 +74,11 @@ def version_rollback(*, policy: Policy, to: PolicyVersion, actor, note: str) -> 
     """Publish an older document again, as a new version (history only grows)."""
     if to.policy_id != policy.pk:
         raise ValidationError({"version": "that version belongs to another policy"})
-    version = version_create(policy=policy, source=to.source, actor=actor,
-                             note=f"rollback to v{to.number}: {note}", parent=policy.published_version())
+    try:
+        version = version_create(policy=policy, source=to.source, actor=actor,
+                                 note=f"rollback to v{to.number}: {note}", parent=policy.published_version())
+    except DocumentError as exc:  # an old document that today's schema no longer accepts
+        raise ValidationError({"version": f"v{to.number} is not valid any more: {exc}"}) from None
     version_publish(version=version, actor=actor, note=note, action=PolicyPublication.ROLLBACK)
     return version
 

@@ -67,7 +67,7 @@ def policy_edit(request, name: str):
     if request.method != "POST":
         start = policy.versions.first()
         form = EditorForm(initial={"source": start.source if start else STARTER})
-        return _render_editor(request, policy, form, review(tenant=request.tenant, policy=policy,
+        return _render_editor(request, policy, form, review(policy=policy,
                                                              source=form.initial["source"]))
     form = EditorForm(request.POST)
     if not form.is_valid():
@@ -82,7 +82,7 @@ def policy_edit(request, name: str):
         else:
             messages.success(request, f"Saved draft v{version.number}. Publishing it takes a note and passing tests.")
             return redirect("policy-version", tenant_slug=request.tenant.slug, name=name, number=version.number)
-    result = review(tenant=request.tenant, policy=policy, source=source,
+    result = review(policy=policy, source=source,
                     with_replay=request.POST.get("action") == "replay")
     return _render_editor(request, policy, form, result, status=400 if result.errors else 200,
                           published=published)
@@ -105,7 +105,7 @@ def _render_version(request, version, *, note_form=None, status: int = 200, with
     published = policy.published_version()
     replay_limit = ReplayForm(request.POST or None)
     limit = replay_limit.cleaned_data.get("limit") if replay_limit.is_bound and replay_limit.is_valid() else None
-    result = review(tenant=request.tenant, policy=policy, source=version.source, number=version.number,
+    result = review(policy=policy, source=version.source, number=version.number,
                     with_replay=with_replay, replay_limit=limit or 10_000)
     return render(request, "policies_app/version.html", {
         "section": "policies", "policy": policy, "version": version, "published": published,

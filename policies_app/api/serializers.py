@@ -69,7 +69,7 @@ class ShadowSerializer(serializers.Serializer):
 
 
 class ReplaySerializer(serializers.Serializer):
-    limit = serializers.IntegerField(min_value=1, max_value=100_000, default=10_000)
+    limit = serializers.IntegerField(min_value=1, max_value=20_000, default=10_000)
 
 
 class EvaluateSerializer(serializers.Serializer):

@@ -123,7 +123,7 @@ def policy_shadow(request, name: str):
 def version_replay(request, name: str, number: int):
     version = selectors.version_get(_tenant(request), name, number)
     data = _valid(s.ReplaySerializer, request)
-    result = replay(tenant=_tenant(request), compiled=compiled_version(version), limit=data["limit"])
+    result = replay(policy=version.policy, compiled=compiled_version(version), limit=data["limit"])
     return Response(asdict(result))
 
 

@@ -45,7 +45,9 @@ class SandboxSpec:
     isolation: Literal["standard", "gvisor"] = "standard"
 
     def __post_init__(self):
-        uuid.UUID(self.session_id)  # ids become paths, cgroup and container names: only UUIDs
+        # Ids become paths, cgroup and container names: only canonical UUIDs.
+        if not is_uuid(self.session_id):
+            raise SandboxError(f"session id {self.session_id!r} is not a canonical UUID")
         if self.network != "none":
             raise SandboxError(f"network {self.network!r} is not supported; sandboxes have no network")
 
@@ -86,6 +88,13 @@ def sandbox_env(spec_env: Mapping[str, str], exec_env: Mapping[str, str] | None)
     env.update(spec_env)
     env.update(exec_env or {})
     return env
+
+
+def is_uuid(value: str) -> bool:
+    try:
+        return str(uuid.UUID(value)) == value
+    except (ValueError, TypeError, AttributeError):
+        return False
 
 
 def check_argv(argv: Sequence[str]) -> None:

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from sessions.runtimes.base import (
     SandboxSpec,
     Stats,
     check_argv,
+    is_uuid,
     sandbox_env,
     workspace_cwd,
 )
@@ -100,6 +100,7 @@ class BubblewrapDriver(Driver):
         root = self.sandbox_dir / spec.session_id
         workspace = root / "workspace"
         self.sandbox_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+        os.chmod(self.sandbox_dir, 0o711)  # noqa: S103 - sandboxes (uid 65534) traverse it to their workspace
         try:
             root.mkdir(mode=0o711)
         except FileExistsError:
@@ -126,7 +127,8 @@ class BubblewrapDriver(Driver):
         self.destroy_by_id(sandbox.id)
 
     def destroy_by_id(self, sandbox_id: str) -> None:
-        uuid.UUID(sandbox_id)  # an id becomes a path below: nothing but a UUID may get there
+        if not is_uuid(sandbox_id):  # an id becomes a path below: nothing but a UUID may get there
+            raise SandboxError(f"{sandbox_id!r} is not a sandbox id")
         self._kill_processes(sandbox_id)
         if self.cgroups.available:
             self.cgroups.remove(sandbox_id)
@@ -134,7 +136,7 @@ class BubblewrapDriver(Driver):
         workspace = root / "workspace"
         if is_mount_point(workspace):
             unmount(workspace)
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root, onerror=lambda function, path, _: _make_writable_and_retry(root, function, path))
         if root.exists():
             raise SandboxError(f"sandbox directory {root} could not be removed")
 
@@ -142,7 +144,7 @@ class BubblewrapDriver(Driver):
         ids = set(self.cgroups.list_ids()) if self.cgroups.available else set()
         if self.sandbox_dir.is_dir():
             ids.update(child.name for child in self.sandbox_dir.iterdir())
-        return sorted(sandbox_id for sandbox_id in ids if _is_uuid(sandbox_id))
+        return sorted(sandbox_id for sandbox_id in ids if is_uuid(sandbox_id))
 
     # -- commands --------------------------------------------------------------------------
     def exec(
@@ -152,10 +154,14 @@ class BubblewrapDriver(Driver):
         check_argv(argv)
         cwd = workspace_cwd(cwd)
         limits = sandbox.spec.limits
-        timeout_s = timeout_s or limits.command_timeout_s
+        timeout_s = min(timeout_s or limits.command_timeout_s, limits.command_timeout_s)
         started = time.monotonic()
         oom_before = self.cgroups.usage(sandbox.id).oom_kills if self.cgroups.available else 0
         running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec.env, env))
+        # The deadline holds even when nobody reads the output.
+        watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox.id, running, "timeout"))
+        watchdog.daemon = True
+        watchdog.start()
         output_bytes = 0
         try:
             for chunk in _stream(running.process, deadline=started + timeout_s):
@@ -169,6 +175,7 @@ class BubblewrapDriver(Driver):
                 yield chunk
             returncode = running.process.wait()
         finally:
+            watchdog.cancel()
             if running.process.poll() is None:  # the consumer stopped iterating: nothing survives it
                 self._stop(sandbox.id, running, running.reason or "killed")
                 running.process.wait()
@@ -202,6 +209,9 @@ class BubblewrapDriver(Driver):
             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",  # noqa: S108 - the sandbox's own
             "--chdir", cwd,
             "--info-fd", str(info_write), "--block-fd", str(block_read),
+            # bwrap itself runs with an empty environment (nothing may steer how it loads); the
+            # command gets exactly the policy's environment.
+            "--clearenv", *[part for name, value in env.items() for part in ("--setenv", name, value)],
             "--", *argv,
         ]
         with self._lock:
@@ -210,7 +220,7 @@ class BubblewrapDriver(Driver):
             try:
                 process = subprocess.Popen(
                     command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    env=env, pass_fds=(info_write, block_read), start_new_session=True, **self._identity(),
+                    env={}, pass_fds=(info_write, block_read), start_new_session=True, **self._identity(),
                 )
             finally:
                 os.close(info_write)
@@ -223,6 +233,10 @@ class BubblewrapDriver(Driver):
             os.write(block_write, b"1")  # the command may start now
         except BaseException:
             self._stop(sandbox.id, running, "killed")
+            process.wait()
+            _close_pipes(process)
+            with self._lock:
+                self._running.pop(sandbox.id, None)
             raise
         finally:
             os.close(info_read)
@@ -247,11 +261,15 @@ class BubblewrapDriver(Driver):
         if running.reason is None:
             running.reason = reason
         # Killing bwrap's outer process kills its namespace init (die-with-parent), and with
-        # the init the kernel kills every process of the PID namespace.
-        for pid in (running.process.pid, running.inner_pid):
-            if pid:
+        # the init the kernel kills every process of the PID namespace. Popen.kill() signals
+        # only while the process is not yet reaped, so a recycled pid is never hit; the inner
+        # pid is signalled only while the outer one, its parent, still runs.
+        if running.process.poll() is None:
+            if running.inner_pid:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(running.inner_pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                running.process.kill()
         if self.cgroups.available:
             self.cgroups.kill_all(sandbox_id)
 
@@ -283,11 +301,17 @@ class BubblewrapDriver(Driver):
         )
 
 
-def _is_uuid(value: str) -> bool:
-    try:
-        return str(uuid.UUID(value)) == value
-    except ValueError:
-        return False
+def _make_writable_and_retry(root: Path, function, path: str) -> None:
+    """rmtree's error handler: a command may leave a directory without write or search bits.
+    Only paths below the sandbox's root are touched, never the root's parent."""
+    parent = Path(path).parent
+    if parent != root and root not in parent.parents:
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(parent, 0o700)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+        function(path)
 
 
 def _read_child_pid(fd: int) -> int:

@@ -125,27 +125,27 @@ class CgroupManager:
             oom_kills=_stat_field(paths["memory"] / "memory.oom_control", "oom_kill") or 0,
         )
 
-    def kill_all(self, sandbox_id: str, *, timeout_s: float = 5.0) -> None:
-        """SIGKILL every process of the sandbox. Frozen first, so nothing forks in between;
-        the signals are delivered when the group thaws."""
-        pids = self.pids(sandbox_id)
-        if not pids:
-            return
+    def kill_all(self, sandbox_id: str, *, timeout_s: float = 5.0) -> bool:
+        """SIGKILL every process of the sandbox; True when none is left. The group is frozen
+        before its members are read, so nothing forks in between; the signals land on thaw."""
+        if not self.pids(sandbox_id):
+            return True
         paths = self.paths(sandbox_id)
-        frozen = self._freeze(paths, True)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while pids and time.monotonic() < deadline:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            frozen = self._freeze(paths, True)
+            try:
+                pids = self.pids(sandbox_id)
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
+            finally:
                 if frozen:
-                    frozen = not self._freeze(paths, False)
-                time.sleep(0.002)
-                pids = self.pids(sandbox_id)
-        finally:
-            if frozen:
-                self._freeze(paths, False)
+                    self._freeze(paths, False)
+            if not pids:
+                return True
+            time.sleep(0.002)
+        return not self.pids(sandbox_id)
 
     def _freeze(self, paths: dict[str, Path], frozen: bool) -> bool:
         try:

@@ -48,6 +48,8 @@ from sessions.runtimes.base import (
 )
 
 NOBODY = "65534:65534"
+# The init and keep-alive run as another unprivileged uid, so a command (65534) cannot signal them.
+KEEPER = "65533:65533"
 LABEL_SESSION = "airlock.session"
 LABEL_DRIVER = "airlock.driver"
 STREAMS = {1: "stdout", 2: "stderr"}
@@ -136,7 +138,8 @@ class DockerDriver(Driver):
             container = self.client.containers.run(
                 rootfs.IMAGE, ["sleep", "infinity"], detach=True, init=True,
                 name=f"airlock-{spec.session_id}", hostname="sandbox", network_mode="none",
-                read_only=True, user=NOBODY, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                read_only=True, user=KEEPER, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                shm_size=limits.tmp_mb * 2**20,
                 **pids_options, mem_limit=limits.memory_mb * 2**20, memswap_limit=limits.memory_mb * 2**20,
                 nano_cpus=int(limits.cpus * 1e9), working_dir=WORKSPACE, environment={},
                 tmpfs={WORKSPACE: f"size={limits.disk_mb}m,mode=0700,{tmpfs_options}",
@@ -165,7 +168,14 @@ class DockerDriver(Driver):
             return
         container.reload()
         init_pid = container.attrs["State"]["Pid"]
-        children = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
+        children: list[str] = []
+        deadline = time.monotonic() + 5
+        while not children and time.monotonic() < deadline:  # docker-init forks the keep-alive
+            children = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
+            if not children:
+                time.sleep(0.005)
+        if not children:
+            raise SandboxError("the sandbox's keep-alive process did not start")
         sandbox.handle.update(keep_host_pids=[init_pid, *map(int, children)],
                               cgroup_procs=str(_cgroup_dir(init_pid, "pids") / "cgroup.procs"),
                               memory_cgroup=str(_cgroup_dir(init_pid, "memory")))
@@ -179,7 +189,7 @@ class DockerDriver(Driver):
                 container.remove(force=True, v=True)
 
     def list_sandboxes(self) -> list[str]:
-        return sorted({c.labels[LABEL_SESSION] for c in self._containers()})
+        return sorted({c.labels.get(LABEL_SESSION, "") for c in self._containers()} - {""})
 
     def _containers(self, sandbox_id: str | None = None) -> list:
         filters = [f"{LABEL_DRIVER}={self.name}"]
@@ -198,7 +208,7 @@ class DockerDriver(Driver):
         check_argv(argv)
         cwd = workspace_cwd(cwd)
         limits = sandbox.spec.limits
-        timeout_s = timeout_s or limits.command_timeout_s
+        timeout_s = min(timeout_s or limits.command_timeout_s, limits.command_timeout_s)
         api = self.client.api
         started = time.monotonic()
         oom_before = self._oom_kills(sandbox)
@@ -220,6 +230,10 @@ class DockerDriver(Driver):
                 self._running.pop(sandbox.id, None)
             raise
         raw = getattr(sock, "_sock", sock)
+        # The deadline holds even when nobody reads the output.
+        watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox, running, "timeout"))
+        watchdog.daemon = True
+        watchdog.start()
         output_bytes = 0
 
         def on_idle() -> bool:
@@ -245,6 +259,7 @@ class DockerDriver(Driver):
                 # After a stop the stream is drained and dropped until it ends: under gVisor a
                 # process blocked writing to a full pipe only dies once the pipe is read.
         finally:
+            watchdog.cancel()
             sock.close()
             self._reap(sandbox)  # whatever the command left behind dies with it
             with self._lock:

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from sessions.runtimes import get_driver
-from sessions.runtimes.base import Driver, RuntimeUnavailable, SandboxError
+from sessions.runtimes.base import Driver, RuntimeUnavailable
 
 REAP_INTERVAL_S = 60
 log = logging.getLogger(__name__)
@@ -19,8 +19,8 @@ def reap_orphans(driver: Driver, active_ids: Iterable[str]) -> list[str]:
     for sandbox_id in driver.list_orphans(set(active_ids)):
         try:
             driver.destroy_by_id(sandbox_id)
-        except SandboxError as exc:
-            log.warning("could not reap %s sandbox %s: %s", driver.name, sandbox_id, exc)
+        except Exception:  # one stuck sandbox must not stop the others from being reaped
+            log.exception("could not reap %s sandbox %s", driver.name, sandbox_id)
             continue
         reaped.append(sandbox_id)
     if reaped:

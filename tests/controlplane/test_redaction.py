@@ -29,3 +29,16 @@ def test_configured_secret_values_and_url_credentials_are_redacted():
 def test_ordinary_text_is_left_alone():
     text = "collected 12 items; 12 passed in 0.31s (key=value pairs are fine)"
     assert redact(text) == text
+
+
+@pytest.mark.parametrize("text", ["DB_PASSWORD=hunter2", "GITHUB_TOKEN=abc", "AWS_SECRET_ACCESS_KEY=xyz",
+                                  "Authorization: Basic YWxpY2U6aHVudGVyMg=="])
+def test_prefixed_secret_names_and_basic_credentials_are_redacted(text):
+    assert "hunter2" not in redact(text) and "abc" not in redact(text).split("=")[-1]
+    assert "[redacted]" in redact(text)
+
+
+def test_the_argument_after_a_secret_flag_is_redacted():
+    from controlplane.redaction import redact_data
+
+    assert redact_data(["--password", "hunter2", "--verbose", "x"]) == ["--password", "[redacted]", "--verbose", "x"]

@@ -37,6 +37,13 @@ def test_secrets_in_a_request_are_redacted_before_they_are_stored(acme, policy):
     assert stored["args"] == ["--token=[redacted]", "[redacted]", "[redacted]"]
 
 
+def test_secrets_quoted_in_the_message_and_hint_are_redacted_too(acme, policy):
+    token = "ghp_" + "b" * 36
+    record = decide(tenant=acme, policy=policy, request={"bin": "pytest", "args": ["-c", token]}).record
+    record = DecisionRecord.objects.get(pk=record.pk)
+    assert token not in record.message + record.hint + str(record.request)
+
+
 def test_a_policy_with_nothing_published_denies_by_default(acme, alice):
     policy = services.policy_create(tenant=acme, name="empty", actor=alice)
     decision = decide(tenant=acme, policy=policy, request={"bin": "pytest"}).decision
@@ -68,7 +75,7 @@ def test_replay_shows_widenings_and_breakages_grouped_by_rule_with_examples(acme
     decide(tenant=globex, policy=None, request={"bin": "make", "args": ["test"]})  # another tenant's traffic
     stricter = CANDIDATE.replace("{id: pytest, bin: pytest}", "{id: pytest, bin: pytest, allow_args: ['-x']}")
     document = parse_yaml(stricter)
-    result = replay(tenant=acme, compiled=compile_policy(document, VersionRef("default", 2, document.sha256())))
+    result = replay(policy=policy, compiled=compile_policy(document, VersionRef("default", 2, document.sha256())))
     assert (result.replayed, result.widenings, result.breakages) == (5, 2, 1)
     widening = result.groups[0]
     assert (widening.direction, widening.rule_id, widening.count) == ("widening", "make-test", 2)
@@ -82,7 +89,7 @@ def test_replay_respects_its_limit(acme, policy):
     for _ in range(5):
         decide(tenant=acme, policy=policy, request={"bin": "make"})
     document = parse_yaml(CANDIDATE)
-    result = replay(tenant=acme, compiled=compile_policy(document, VersionRef("default", 2, document.sha256())),
+    result = replay(policy=policy, compiled=compile_policy(document, VersionRef("default", 2, document.sha256())),
                     limit=3)
     assert result.replayed == 3
 

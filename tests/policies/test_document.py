@@ -51,7 +51,8 @@ def test_the_json_schema_is_served_for_the_editor():
         ("{id: sh, bin: bash}", True),
         ("{id: env, bin: env}", True),
         ("{id: py, bin: python3}", True),
-        ("{id: py, bin: python3, deny_args: ['^-c$']}", False),
+        ("{id: py, bin: python3, deny_args: ['^-c$']}", True),  # -cCODE and -Ic stay open
+        ("{id: py, bin: python3, deny_args: ['^-']}", False),
         ("{id: node, bin: node, deny_args: ['^-e$']}", True),  # --eval and -p stay open
         ("{id: find, bin: find}", True),
         ("{id: git, bin: git}", True),
@@ -66,3 +67,13 @@ def test_the_json_schema_is_served_for_the_editor():
 def test_lint_flags_rules_that_can_run_arbitrary_code(rule, flagged):
     warnings = lint(parse_yaml(f"commands:\n  - {rule}\n"))
     assert bool(warnings) == flagged, warnings
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "A=B", "1X"])
+def test_environment_names_that_steer_loading_or_are_malformed_are_refused(name):
+    errors = errors_of(f"env:\n  set: {{'{name}': x}}\n")
+    assert errors[0]["path"].startswith("env.set")
+
+
+def test_a_deeply_nested_document_is_an_error_not_a_crash():
+    assert "nested too deeply" in errors_of("[" * 5000)[0]["message"]

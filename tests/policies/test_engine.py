@@ -68,14 +68,16 @@ def test_allow_args_admit_only_listed_arguments():
 
 @pytest.mark.parametrize(
     "arg", ["..", "../x", "a/../../x", "/etc/passwd", "/workspace/../etc", "~/.ssh/id_rsa", "--rootdir=/etc",
-            "--junitxml=../../out.xml"],
+            "--junitxml=../../out.xml", "-o/etc/passwd", "x:/etc/passwd", "@/etc/passwd", "file:///etc/passwd",
+            "core.hooksPath=/etc", "--a=b=/etc", "a,../../b"],
 )
 def test_paths_leaving_the_workspace_are_path_outside_workspace(arg):
     decision = decide({"bin": "pytest", "args": [arg]})
     assert decision.reason_code == "path_outside_workspace", arg
 
 
-@pytest.mark.parametrize("arg", ["tests/", "./a/../b", "/workspace/tests", "a/b/../c", "-k", "test_x"])
+@pytest.mark.parametrize("arg", ["tests/", "./a/../b", "/workspace/tests", "a/b/../c", "-k", "test_x",
+                                 "https://pypi.org/simple", "--out=/workspace/x", "-q"])
 def test_paths_inside_the_workspace_are_allowed(arg):
     assert decide({"bin": "pytest", "args": [arg]}).allowed, arg
 
@@ -112,12 +114,19 @@ def test_audit_mode_allows_but_records_the_would_be_denial():
     assert decision.argv == ("pytest", "-q", "-c", "x")
 
 
-def test_audit_mode_still_refuses_a_malformed_request():
-    decision = decide({"bin": 3}, source=POLICY + "mode: audit\n")
-    assert (decision.allowed, decision.reason_code) == (False, "schema_invalid")
+@pytest.mark.parametrize(
+    ("request_body", "reason"),
+    [({"bin": 3}, "schema_invalid"), ({"bin": "/bin/sh", "args": ["-c", "id"]}, "bin_not_allowed"),
+     ({"bin": "pytest", "cwd": "/etc"}, "path_outside_workspace"), ({"bin": "pytest", "timeout_s": 999},
+                                                                     "limit_exceeded"),
+     ({"bin": "pytest", "timeout_s": 0}, "schema_invalid")],
+)
+def test_audit_mode_does_not_waive_what_no_policy_may_allow(request_body, reason):
+    decision = decide(request_body, source=POLICY + "mode: audit\n")
+    assert (decision.allowed, decision.effect, decision.reason_code) == (False, "deny", reason)
 
 
 def test_arguments_are_never_interpreted_by_a_shell():
-    decision = decide({"bin": "npm", "args": ["; rm -rf / #", "$(id)"]})
+    decision = decide({"bin": "npm", "args": ["; id #", "$(id)"]})
     assert decision.allowed
-    assert decision.argv == ("npm", "test", "--", "; rm -rf / #", "$(id)")
+    assert decision.argv == ("npm", "test", "--", "; id #", "$(id)")

@@ -31,7 +31,9 @@ def leftover_processes(driver, sandbox, token: str) -> list[str]:
     """Processes whose argv holds `token`: seen from the host, or from inside under gVisor
     (its processes live in the sandbox kernel, invisible to the host)."""
     if driver.name == "gvisor":
-        return py(driver, sandbox, LIST_PROCS, token[::-1]).stdout.split()
+        container = driver.client.containers.get(sandbox.handle["container"])
+        result = container.exec_run(["python3", "-I", "-c", LIST_PROCS, token[::-1]], user="65534:65534", workdir="/")
+        return result.output.decode().split()
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -86,6 +88,38 @@ def test_a_timeout_ends_the_command_and_everything_it_started(driver, sandbox):
     assert result.status.exit_code is None
     assert 2000 <= result.status.duration_ms < 8000
     assert leftover_processes(driver, sandbox, token) == []
+
+
+def test_the_deadline_holds_when_nobody_reads_the_output(driver, sandbox):
+    token = f"airlock-{uuid.uuid4().hex}"
+    events = driver.exec(sandbox, ["python3", "-c", "import time; print('up', flush=True); time.sleep(300)", token],
+                         timeout_s=2)
+    assert next(events).data == b"up\n"
+    time.sleep(4)  # the consumer looks away past the deadline
+    assert leftover_processes(driver, sandbox, token) == []
+    assert list(events)[-1].reason == "timeout"
+
+
+def test_a_command_that_signals_everything_it_sees_leaves_the_sandbox_working(driver, sandbox):
+    code = (
+        "import os, signal\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit() and int(pid) != os.getpid():\n"
+        "        try:\n"
+        "            os.kill(int(pid), signal.SIGKILL)\n"
+        "        except OSError:\n"
+        "            pass\n"
+    )
+    py(driver, sandbox, code)
+    assert run(driver, sandbox, ["true"]).status.exit_code == 0
+
+
+def test_a_directory_locked_by_a_command_does_not_stop_destroy(driver, make_sandbox):
+    sandbox = make_sandbox()
+    py(driver, sandbox, "import os; os.makedirs('locked/inner'); open('locked/inner/f', 'w'); os.chmod('locked', 0)")
+    driver.destroy(sandbox)
+    assert sandbox.id not in driver.list_sandboxes()
+    assert run(driver, make_sandbox(), ["true"]).status.exit_code == 0
 
 
 def test_processes_left_behind_by_a_finished_command_are_killed(driver, sandbox):

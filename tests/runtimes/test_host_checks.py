@@ -40,9 +40,11 @@ def test_an_unknown_driver_is_refused():
         get_driver("lxc")
 
 
-def test_a_session_id_must_be_a_uuid():
-    with pytest.raises(ValueError):
-        SandboxSpec(tenant="acme", session_id="../../etc")
+@pytest.mark.parametrize("session_id", ["../../etc", "{12345678-1234-5678-1234-567812345678}",
+                                        "12345678123456781234567812345678"])
+def test_a_session_id_must_be_a_canonical_uuid(session_id):
+    with pytest.raises(SandboxError, match="canonical UUID"):
+        SandboxSpec(tenant="acme", session_id=session_id)
 
 
 def test_only_the_none_network_is_accepted():

@@ -18,7 +18,7 @@ commands:
     deny_args: ["^-c", "^-p", "^--rootdir", "^--confcutdir"]
   - id: python3
     bin: python3
-    deny_args: ["^-c$", "^-m$", "^-i$"]
+    deny_args: ["^-"]  # no interpreter options at all: -c, -m, -i and their spellings stay closed
 filesystem: {workspace: /workspace, arg_paths: workspace_only}
 network: {egress: none}
 tests:
