@@ -9,10 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-REASON_CODES = (
-    "schema_invalid", "bin_not_allowed", "arg_denied", "path_outside_workspace", "egress_denied",
-    "limit_exceeded", "session_not_active", "default_deny",
-)
+# The closed set of reason codes (DESIGN.md §3).
 ReasonCode = Literal[
     "schema_invalid", "bin_not_allowed", "arg_denied", "path_outside_workspace", "egress_denied",
     "limit_exceeded", "session_not_active", "default_deny",

@@ -7,7 +7,7 @@ cached by its sha256; evaluation does no I/O."""
 import difflib
 import posixpath
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
@@ -37,11 +37,6 @@ class Decision:
     mode: str
     policy_version: VersionRef | None = None
     argv: tuple[str, ...] = field(default=())  # what runs when allowed: bin, prepend_args, args
-
-    def as_dict(self) -> dict:
-        data = asdict(self)
-        data["argv"] = list(self.argv)
-        return data
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 WORKSPACE = "/workspace"
-EXIT_REASONS = ("exited", "timeout", "killed", "oom", "output_limit")
+ExitReason = Literal["exited", "timeout", "killed", "oom", "output_limit"]
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -70,7 +70,7 @@ class Chunk:
 @dataclass(frozen=True)
 class ExitStatus:
     exit_code: int | None
-    reason: str  # one of EXIT_REASONS
+    reason: ExitReason
     duration_ms: int
     output_bytes: int = 0
 

@@ -66,11 +66,11 @@ class BubblewrapDriver(Driver):
         self.as_root = os.geteuid() == 0
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
-        self._checked = False
+        self._bwrap: str | None = None  # its path, once check() has found it
 
     # -- host checks -----------------------------------------------------------------------
     def check(self) -> None:
-        if self._checked:
+        if self._bwrap:
             return
         bwrap = shutil.which("bwrap")
         if bwrap is None:
@@ -85,7 +85,7 @@ class BubblewrapDriver(Driver):
                 f"bubblewrap cannot create its namespaces here ({probe.stderr.strip()}); enable unprivileged "
                 "user namespaces: sysctl -w user.max_user_namespaces=15000 kernel.unprivileged_userns_clone=1"
             )
-        self._checked = True
+        self._bwrap = bwrap
 
     def _identity(self) -> dict:
         """Run bwrap as the host's nobody when we can (we are root), else as ourselves."""
@@ -119,7 +119,7 @@ class BubblewrapDriver(Driver):
         return Sandbox(
             id=spec.session_id, driver=self.name, spec=spec, rootfs_digest=tree.digest,
             handle={"root": str(root), "workspace": str(workspace), "rootfs": str(tree.path),
-                    "disk_quota": quota, "cgroups": self.cgroups.available},
+                    "disk_quota": quota},
         )
 
     def destroy(self, sandbox: Sandbox) -> None:
@@ -158,16 +158,13 @@ class BubblewrapDriver(Driver):
         started = time.monotonic()
         oom_before = self.cgroups.usage(sandbox.id).oom_kills if self.cgroups.available else 0
         running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec.env, env))
-        # The deadline holds even when nobody reads the output.
+        # The one deadline mechanism: it holds even when nobody reads the output.
         watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox.id, running, "timeout"))
         watchdog.daemon = True
         watchdog.start()
         output_bytes = 0
         try:
-            for chunk in _stream(running.process, deadline=started + timeout_s):
-                if chunk is None:  # the deadline passed
-                    self._stop(sandbox.id, running, "timeout")
-                    continue
+            for chunk in _stream(running.process):
                 output_bytes += len(chunk.data)
                 if output_bytes > limits.max_output_bytes:
                     self._stop(sandbox.id, running, "output_limit")
@@ -199,7 +196,7 @@ class BubblewrapDriver(Driver):
         block_read, block_write = os.pipe()
         limits = sandbox.spec.limits
         command = [
-            shutil.which("bwrap") or "bwrap",
+            self._bwrap,
             "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
             "--ro-bind", sandbox.handle["rootfs"], "/",
@@ -325,21 +322,15 @@ def _read_child_pid(fd: int) -> int:
     raise SandboxError(f"bubblewrap did not start: {data.decode(errors='replace')!r}")
 
 
-def _stream(process: subprocess.Popen, *, deadline: float) -> Iterator[Chunk | None]:
-    """Chunks from stdout and stderr as they come; None once each time the deadline passes."""
+def _stream(process: subprocess.Popen) -> Iterator[Chunk]:
+    """Chunks from stdout and stderr as they come, until both close (the watchdog in exec()
+    kills the command at its deadline, which closes them)."""
     selector = selectors.DefaultSelector()
     selector.register(process.stdout, selectors.EVENT_READ, "stdout")
     selector.register(process.stderr, selectors.EVENT_READ, "stderr")
-    timed_out = False
     try:
         while selector.get_map():
-            wait = None if timed_out else max(0.0, deadline - time.monotonic())
-            events = selector.select(wait)
-            if not events and not timed_out:
-                timed_out = True
-                yield None
-                continue
-            for key, _ in events:
+            for key, _ in selector.select():
                 data = os.read(key.fileobj.fileno(), READ_SIZE)
                 if data:
                     yield Chunk(stream=key.data, data=data)

@@ -212,8 +212,6 @@ class DockerDriver(Driver):
         api = self.client.api
         started = time.monotonic()
         oom_before = self._oom_kills(sandbox)
-        if not self._container_running(sandbox):
-            raise SandboxError("the sandbox is not running (under gVisor an out-of-memory kill ends it)")
         running = _Running()
         with self._lock:
             if sandbox.id in self._running:
@@ -225,12 +223,14 @@ class DockerDriver(Driver):
                 environment=sandbox_env(sandbox.spec.env, env),
             )["Id"]
             sock = api.exec_start(exec_id, socket=True)
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 self._running.pop(sandbox.id, None)
+            if isinstance(exc, APIError) and not self._container_running(sandbox):
+                raise SandboxError("the sandbox is not running (under gVisor an out-of-memory kill ends it)") from None
             raise
         raw = getattr(sock, "_sock", sock)
-        # The deadline holds even when nobody reads the output.
+        # The one deadline mechanism: it holds even when nobody reads the output.
         watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox, running, "timeout"))
         watchdog.daemon = True
         watchdog.start()
@@ -247,10 +247,8 @@ class DockerDriver(Driver):
             return False
 
         try:
-            for chunk in _frames(raw, deadline=started + timeout_s, on_idle=on_idle):
-                if chunk is None:
-                    self._stop(sandbox, running, "timeout")
-                elif running.reason is None:
+            for chunk in _frames(raw, on_idle=on_idle):
+                if running.reason is None:
                     if output_bytes + len(chunk.data) > limits.max_output_bytes:
                         self._stop(sandbox, running, "output_limit")
                         continue
@@ -345,10 +343,14 @@ class DockerDriver(Driver):
         sock = api.exec_start(exec_id, socket=True)
         try:
             chunks = []
-            for chunk in _frames(getattr(sock, "_sock", sock), deadline=time.monotonic() + timeout_s,
-                                 on_idle=lambda: not self._container_running(sandbox)):
-                if chunk is None:
+            deadline = time.monotonic() + timeout_s
+
+            def give_up() -> bool:
+                if time.monotonic() > deadline:
                     raise SandboxError("a helper program did not finish in time")
+                return not self._container_running(sandbox)
+
+            for chunk in _frames(getattr(sock, "_sock", sock), on_idle=give_up):
                 if chunk.stream == "stdout":
                     chunks.append(chunk.data)
             return b"".join(chunks).strip()
@@ -379,21 +381,14 @@ def _exec_running(api, exec_id: str) -> bool:
         return False
 
 
-def _frames(sock, *, deadline: float, on_idle: Callable[[], bool]) -> Iterator[Chunk | None]:
+def _frames(sock, *, on_idle: Callable[[], bool]) -> Iterator[Chunk]:
     """Docker's multiplexed exec stream: 8-byte headers (stream, 0, 0, 0, big-endian size).
-    Yields None once when the deadline passes; after each quiet IDLE_CHECK_S asks on_idle
-    whether to give up on the stream."""
+    After each quiet IDLE_CHECK_S, asks on_idle whether to give up on the stream."""
     buffer = b""
-    timed_out = False
     while True:
-        remaining = deadline - time.monotonic()
-        wait = IDLE_CHECK_S if timed_out else max(0.0, min(remaining, IDLE_CHECK_S))
-        ready, _, _ = select.select([sock], [], [], wait)
+        ready, _, _ = select.select([sock], [], [], IDLE_CHECK_S)
         if not ready:
-            if not timed_out and time.monotonic() >= deadline:
-                timed_out = True
-                yield None
-            elif on_idle():
+            if on_idle():
                 return
             continue
         data = sock.recv(65536)

@@ -5,7 +5,7 @@ import ctypes.util
 import os
 from pathlib import Path
 
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)

@@ -1,15 +1,13 @@
 """Orphan reaping: every sandbox on this host that belongs to no active session is destroyed.
 
-A runner calls `reap_orphans` when it starts and every REAP_INTERVAL_S after (a runner that
-died leaves its sandboxes behind: containers, bubblewrap process trees, workspaces, cgroups)."""
+A runner calls `reap_orphans` when it starts and periodically after (a runner that died leaves
+its sandboxes behind: containers, bubblewrap process trees, workspaces, cgroups)."""
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from sessions.runtimes import get_driver
-from sessions.runtimes.base import Driver, RuntimeUnavailable
+from sessions.runtimes.base import Driver
 
-REAP_INTERVAL_S = 60
 log = logging.getLogger(__name__)
 
 
@@ -27,15 +25,3 @@ def reap_orphans(driver: Driver, active_ids: Iterable[str]) -> list[str]:
         log.info("reaped %d orphan %s sandbox(es): %s", len(reaped), driver.name, ", ".join(reaped))
     return reaped
 
-
-def reap_all_drivers(drivers: Iterable[str], active_ids: Callable[[], Iterable[str]]) -> dict[str, list[str]]:
-    """Reap every available driver; a driver that cannot work on this host is skipped."""
-    reaped = {}
-    for name in drivers:
-        try:
-            driver = get_driver(name)
-            driver.check()
-        except RuntimeUnavailable:
-            continue
-        reaped[name] = reap_orphans(driver, active_ids())
-    return reaped
