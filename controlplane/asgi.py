@@ -20,10 +20,25 @@ from channels.routing import ProtocolTypeRouter, URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
 
 from controlplane.routing import websocket_urlpatterns
+from sessions.runner import ensure_embedded_runner
 
-application = ProtocolTypeRouter(
+
+class EmbeddedRunner:
+    """Starts the server's own runner on the server's event loop, at the first connection
+    (daphne has no start-up hook); every connection waits until it has started."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in {"http", "websocket"}:
+            await ensure_embedded_runner()
+        return await self.app(scope, receive, send)
+
+
+application = EmbeddedRunner(ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
-)
+))

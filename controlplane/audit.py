@@ -36,9 +36,12 @@ def chain_hash(prev_hash: str, event: AuditEvent) -> str:
 
 
 def actor_label(actor) -> str:
-    """'user:alice', 'apikey:alk_ab12cd34' or 'system'."""
+    """'user:alice', 'apikey:alk_ab12cd34', 'system', or a label given as a string
+    ('session:<id>' for a session's own token)."""
     if actor is None:
         return "system"
+    if isinstance(actor, str):
+        return actor
     if hasattr(actor, "prefix"):
         return f"apikey:{actor.PREFIX}{actor.prefix}"
     return f"user:{actor.get_username()}"
@@ -46,7 +49,7 @@ def actor_label(actor) -> str:
 
 def user_of(actor):
     """The user behind an actor, or None for an API key or the system."""
-    return actor if actor is not None and not hasattr(actor, "prefix") else None
+    return actor if actor is not None and not isinstance(actor, str) and not hasattr(actor, "prefix") else None
 
 
 @transaction.atomic

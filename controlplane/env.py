@@ -5,6 +5,7 @@ so a bad value stops start-up with an explanation instead of a traceback deep in
 """
 
 import os
+import tempfile
 from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -88,5 +89,9 @@ def _sqlite(path: str) -> dict:
         "NAME": path,
         # Writers wait for the lock instead of failing at once; IMMEDIATE takes the write lock
         # at BEGIN, so a read-then-write transaction cannot deadlock against another writer.
-        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE",
+                    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
+        # Tests use a file too, not SQLite's shared in-memory database: the runner's threads
+        # write concurrently, and shared-cache memory databases fail such writers at once.
+        "TEST": {"NAME": os.path.join(tempfile.gettempdir(), f"airlock-test-{os.getpid()}.sqlite3")},
     }

@@ -48,3 +48,17 @@ def redact_data(value, secrets: Iterable[str] = ()):
     if isinstance(value, dict):
         return {key: redact_data(item, secrets) for key, item in value.items()}
     return value
+
+
+def configured_secrets() -> tuple[str, ...]:
+    """The secret values this deployment knows: its SECRET_KEY, database and Redis passwords,
+    and AIRLOCK_REDACT_VALUES. None of them may ever appear in output, a record or a log."""
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    values = [settings.SECRET_KEY, settings.DATABASES["default"].get("PASSWORD") or "",
+              *settings.AIRLOCK_REDACT_VALUES]
+    if settings.REDIS_URL:
+        values.append(urlsplit(settings.REDIS_URL).password or "")
+    return tuple(value for value in values if value)

@@ -48,7 +48,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "controlplane.static_files.AsyncWhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -86,7 +86,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("AIRLOCK_CHANNEL_PREFIX", "airlock")},
+            # redis-py 8 reads with a 5 s socket timeout by default, exactly channels-redis's BRPOP
+            # wait: an idle receive would then fail with TimeoutError. Reads wait longer than that.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15, "health_check_interval": 30}],
+                       "prefix": env_str("AIRLOCK_CHANNEL_PREFIX", "airlock")},
         }
     }
 else:
@@ -161,6 +164,32 @@ AIRLOCK_ROOTFS_DIR = env_str(
 AIRLOCK_SANDBOX_DIR = env_str(
     "AIRLOCK_SANDBOX_DIR", "/var/lib/airlock/sandboxes" if _AS_ROOT else str(DATA_DIR / "sandboxes")
 )
+
+# The runner: embedded in the server (the default), or `manage.py runner` processes when REDIS_URL
+# is set and AIRLOCK_EMBEDDED_RUNNER is off. A runner that misses heartbeats for
+# AIRLOCK_RUNNER_DEAD_AFTER_S is declared dead: its sessions fail and its sandboxes are reaped.
+AIRLOCK_EMBEDDED_RUNNER = env_bool("AIRLOCK_EMBEDDED_RUNNER", True)
+if not AIRLOCK_EMBEDDED_RUNNER and not REDIS_URL:
+    raise ImproperlyConfigured(
+        "AIRLOCK_EMBEDDED_RUNNER is off but REDIS_URL is unset; separate runners reach the server only "
+        "through Redis: set REDIS_URL, or turn the embedded runner back on"
+    )
+AIRLOCK_RUNNER_HEARTBEAT_S = env_int("AIRLOCK_RUNNER_HEARTBEAT_S", 2, minimum=1)
+AIRLOCK_RUNNER_DEAD_AFTER_S = env_int("AIRLOCK_RUNNER_DEAD_AFTER_S", 15, minimum=2)
+AIRLOCK_RUNNER_REAP_INTERVAL_S = env_int("AIRLOCK_RUNNER_REAP_INTERVAL_S", 60, minimum=1)
+AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
+# Threads of the server for API requests that wait for a runner (a command with `wait`).
+AIRLOCK_API_THREADS = env_int("AIRLOCK_API_THREADS", 64, minimum=2)
+# A session ends as `expired` at its policy's session_ttl_s, or after this long without a command.
+AIRLOCK_SESSION_IDLE_TIMEOUT_S = env_int("AIRLOCK_SESSION_IDLE_TIMEOUT_S", 900, minimum=10)
+AIRLOCK_MAX_FILE_BYTES = env_int("AIRLOCK_MAX_FILE_BYTES", 4 * 2**20, minimum=1024)
+# Local git repositories a session may start from: "name=/path/to/repo,other=/path".
+AIRLOCK_WORKSPACE_REPOS = [item.partition("=")[::2] for item in env_list("AIRLOCK_WORKSPACE_REPOS", [])]
+for _name, _path in AIRLOCK_WORKSPACE_REPOS:
+    if not _name or not _path.startswith("/"):
+        raise ImproperlyConfigured(f"AIRLOCK_WORKSPACE_REPOS: {_name}={_path} is not name=/absolute/path")
+# Values redacted from everything stored, streamed or logged, beside the credential shapes.
+AIRLOCK_REDACT_VALUES = env_list("AIRLOCK_REDACT_VALUES", [])
 
 # Decisions older than this are deleted by `manage.py prune_decisions` (run it daily).
 AIRLOCK_DECISION_RETENTION_DAYS = env_int("AIRLOCK_DECISION_RETENTION_DAYS", 90, minimum=1)

@@ -25,6 +25,7 @@ urlpatterns = [
     path("t/<slug:tenant_slug>/", include(tenant_patterns)),
     path("api/v1/", include("controlplane.api.urls")),
     path("api/v1/", include("policies_app.api.urls")),
+    path("api/v1/", include("sessions.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("healthz", healthz, name="healthz"),

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from controlplane.models import Tenant
 from controlplane.redaction import redact, redact_data
 from policies_app.document import PolicyDocument
-from policies_app.engine import CompiledPolicy, Decision, VersionRef, compile_policy, evaluate
+from policies_app.engine import CompiledPolicy, Decision, VersionRef, compile_policy, evaluate, evaluate_egress
 from policies_app.models import DecisionRecord, Policy, PolicyVersion
+from policies_app.services import version_ref
 
 COMPILED_CACHE_SIZE = 256
+EVALUATORS = {"exec": evaluate, "egress": evaluate_egress}  # the kinds a policy's rules judge
 REPLAY_DEFAULT = 10_000
 _compiled: OrderedDict[tuple, CompiledPolicy] = OrderedDict()
 _compiled_lock = threading.Lock()
@@ -49,27 +51,69 @@ class Evaluation:
 
 
 def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=None, conversation_id: str = "",
-           version: PolicyVersion | None = None, secrets: Iterable[str] = (), record: bool = True) -> Evaluation:
-    """Judge one exec request with `version` (default: the policy's published one)."""
+           version: PolicyVersion | None = None, secrets: Iterable[str] = (), record: bool = True,
+           kind: str = "exec") -> Evaluation:
+    """Judge one request of `kind` (exec: a command; egress: an outbound connection) with
+    `version` (default: the policy's published one)."""
+    judge = EVALUATORS[kind]
     version = version or (policy.published_version() if policy is not None else None)
     started = time.perf_counter_ns()
-    decision = evaluate(compiled_version(version), request) if version else _nothing_published(policy)
+    decision = judge(compiled_version(version), request) if version else _nothing_published(policy)
     eval_us = (time.perf_counter_ns() - started) // 1000
     shadow_version = policy.shadow_version if policy is not None and policy.shadow_version_id else None
-    shadow = evaluate(compiled_version(shadow_version), request) if shadow_version else None
+    shadow = judge(compiled_version(shadow_version), request) if shadow_version else None
     stored = None
     if record:
-        secrets = tuple(secrets)
-        stored = DecisionRecord.objects.create(
-            tenant=tenant, session_id=session_id, conversation_id=conversation_id, policy_version=version,
-            mode=decision.mode, kind="exec", request=redact_data(request, secrets), allowed=decision.allowed,
-            effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
-            message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us,
-            shadow_version=shadow_version, shadow_allowed=shadow.allowed if shadow else None,
-            shadow_effect=shadow.effect if shadow else "", shadow_reason_code=(shadow.reason_code or "") if shadow
-            else "", shadow_rule_id=(shadow.rule_id or "") if shadow else "",
-        )
+        stored = _store(tenant, version, kind, request, decision, eval_us, session_id, conversation_id,
+                        tuple(secrets), shadow_version=shadow_version,
+                        shadow_allowed=shadow.allowed if shadow else None,
+                        shadow_effect=shadow.effect if shadow else "",
+                        shadow_reason_code=(shadow.reason_code or "") if shadow else "",
+                        shadow_rule_id=(shadow.rule_id or "") if shadow else "")
     return Evaluation(decision=decision, record=stored, shadow=shadow)
+
+
+def refuse(*, tenant: Tenant, version: PolicyVersion | None, kind: str, request: dict, reason_code: str,
+           message: str, hint: str, session_id=None, conversation_id: str = "",
+           secrets: Iterable[str] = ()) -> Evaluation:
+    """Record a refusal that no rule decides (the session is not active, a file path leaves the
+    workspace): a hard deny, whatever the policy's mode."""
+    ref = version_ref(version) if version else None
+    decision = Decision(False, "deny", reason_code, None, f"denied: {message}", hint,
+                        version.document.get("mode", "enforce") if version else "enforce", ref)
+    return Evaluation(decision=decision, record=_store(tenant, version, kind, request, decision, 0, session_id,
+                                                       conversation_id, tuple(secrets)))
+
+
+def allow_file(*, tenant: Tenant, version: PolicyVersion, request: dict, session_id, conversation_id: str,
+               secrets: Iterable[str] = ()) -> Evaluation:
+    """A workspace file operation whose path stays inside the workspace (checked by the caller)."""
+    decision = Decision(True, "allow", None, "filesystem.workspace", "allowed: a path inside /workspace", "",
+                        version.document.get("mode", "enforce"), version_ref(version))
+    return Evaluation(decision=decision, record=_store(tenant, version, "file", request, decision, 0, session_id,
+                                                       conversation_id, tuple(secrets)))
+
+
+def _store(tenant, version, kind, request, decision: Decision, eval_us: int, session_id, conversation_id,
+           secrets: tuple, **shadow) -> DecisionRecord:
+    return DecisionRecord.objects.create(
+        tenant=tenant, session_id=session_id, conversation_id=conversation_id, policy_version=version,
+        mode=decision.mode, kind=kind, request=redact_data(request, secrets), allowed=decision.allowed,
+        effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
+        message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us, **shadow,
+    )
+
+
+def record_payload(record: DecisionRecord) -> dict:
+    """A stored decision as the API shows it."""
+    version = record.policy_version
+    return {
+        "id": str(record.id), "allowed": record.allowed, "effect": record.effect,
+        "reason_code": record.reason_code or None, "rule_id": record.rule_id or None, "message": record.message,
+        "hint": record.hint, "mode": record.mode,
+        "policy_version": {"policy": version.policy.name, "number": version.number, "sha256": version.sha256}
+        if version else None,
+    }
 
 
 def decision_payload(decision: Decision, record: DecisionRecord | None = None) -> dict:
@@ -106,15 +150,15 @@ def replay(*, policy: Policy, compiled: CompiledPolicy, limit: int = REPLAY_DEFA
     """Re-judge the last `limit` requests recorded under this policy; report where the verdict
     flips. A verdict is the rules' (effect `allow` or not), so audit mode does not hide a flip.
     Requests are stored redacted, so a flip that hinges on a redacted value is not seen."""
-    records = (DecisionRecord.objects.filter(tenant=policy.tenant, kind="exec", policy_version__policy=policy)
+    records = (DecisionRecord.objects.filter(tenant=policy.tenant, kind__in=EVALUATORS, policy_version__policy=policy)
                .order_by("-created_at")
-               .values_list("request", "effect")[:limit])
+               .values_list("request", "effect", "kind")[:limit])
     groups: dict[tuple, FlipGroup] = {}
     replayed = widenings = breakages = 0
-    for request, effect in records.iterator(chunk_size=2000):
+    for request, effect, kind in records.iterator(chunk_size=2000):
         replayed += 1
         was_allowed = effect == "allow"
-        now = evaluate(compiled, request)
+        now = EVALUATORS[kind](compiled, request)
         if (now.effect == "allow") == was_allowed:
             continue
         direction = "breakage" if was_allowed else "widening"

@@ -135,6 +135,13 @@ class ExecRequest(Strict):
         return value
 
 
+class EgressRequest(Strict):
+    """An outbound connection a sandboxed command asks the egress proxy for."""
+
+    host: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.-]+$")
+    port: int = Field(ge=1, le=65535)
+
+
 class Expectation(Strict):
     allowed: bool
     reason_code: ReasonCode | None = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from policies_app.document import CommandRule, ExecRequest, PolicyDocument
+from policies_app.document import CommandRule, EgressRequest, ExecRequest, PolicyDocument
 
 WORKSPACE = "/workspace"
 
@@ -89,6 +89,32 @@ def evaluate(compiled: CompiledPolicy, request: dict | ExecRequest) -> Decision:
     return _decide(compiled, refusal, rule, request)
 
 
+def evaluate_egress(compiled: CompiledPolicy, request: dict | EgressRequest) -> Decision:
+    """Decide one outbound connection `{host, port}`: allowed only when the policy's network
+    section is an allowlist that names exactly this host and port."""
+    ref, network = compiled.ref, compiled.document.network
+    try:
+        request = request if isinstance(request, EgressRequest) else EgressRequest.model_validate(request)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+        return _decide(compiled, _Refusal("schema_invalid", None, f"the request is not valid ({problems})",
+                                          "send {host: <name>, port: <number>}", hard=True))
+    target = f"{request.host.lower()}:{request.port}"
+    allowed = [item.lower() for item in network.allow] if network.egress == "allowlist" else []
+    if target in allowed:
+        return Decision(True, "allow", None, "network.allow", f"allowed: {target} is on the egress allowlist of "
+                        f"{ref.label()}", "", compiled.document.mode, ref)
+    if not allowed:
+        refusal = _Refusal("egress_denied", None, f"{ref.label()} allows no network egress ({target})",
+                           f"a security admin can set network.egress: allowlist with allow: [\"{target}\"]")
+    else:
+        near = difflib.get_close_matches(target, allowed, n=1, cutoff=0.6)
+        refusal = _Refusal("egress_denied", None, f"{target} is not on the egress allowlist",
+                           f"{ref.label()} allows only {', '.join(allowed)}; "
+                           + (f"did you mean {near[0]}? " if near else "") + f"a security admin can add {target}")
+    return _decide(compiled, refusal)
+
+
 def _decide(compiled: CompiledPolicy, refusal: _Refusal | None, rule: CommandRule | None = None,
             request: ExecRequest | None = None) -> Decision:
     mode, ref = compiled.document.mode, compiled.ref
@@ -107,7 +133,9 @@ def _decide(compiled: CompiledPolicy, refusal: _Refusal | None, rule: CommandRul
                     refusal.hint, mode, ref)
 
 
-def _argv(rule: CommandRule | None, request: ExecRequest) -> tuple[str, ...]:
+def _argv(rule: CommandRule | None, request: ExecRequest | None) -> tuple[str, ...]:
+    if request is None:  # not a command (an egress request): nothing to run
+        return ()
     prepend = tuple(rule.prepend_args) if rule is not None else ()
     return (request.bin, *prepend, *request.args)
 

@@ -1,8 +1,62 @@
-from django.shortcuts import render
+"""The operator dashboard: the tenant's live sessions, one session's live terminal, Kill."""
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
 
 from controlplane.decorators import tenant_view
+from sessions import broker, selectors
+from sessions.models import SessionState
+
+STATE_FILTERS = ["active", *SessionState.values]
 
 
 @tenant_view("read")
 def session_list(request):
-    return render(request, "sessions/session_list.html", {"section": "sessions"})
+    conversation_id = request.GET.get("conversation_id", "").strip()[:200]
+    state = request.GET.get("state", "")
+    state = state if state in STATE_FILTERS else ""
+    sessions = selectors.session_search(request.tenant, conversation_id=conversation_id, state=state)
+    page = Paginator(sessions.prefetch_related("commands"), 50).get_page(request.GET.get("page"))
+    return render(request, "sessions/session_list.html", {
+        "section": "sessions", "page": page, "conversation_id": conversation_id, "state": state,
+        "states": STATE_FILTERS, "query": request.GET.urlencode(),
+    })
+
+
+@tenant_view("read")
+def session_detail(request, session_id):
+    session = selectors.session_get(request.tenant, session_id)
+    return render(request, "sessions/session_detail.html", {
+        "section": "sessions", "session": session, "commands": selectors.command_list(session),
+    })
+
+
+@require_POST
+@tenant_view("kill_session")
+def session_kill(request, session_id):
+    session = selectors.session_get(request.tenant, session_id)
+    try:
+        broker.session_stop(session=session, state=SessionState.KILLED, actor=request.user,
+                            reason=f"killed by {request.user.get_username()}")
+        messages.success(request, "The session was killed; its sandbox is destroyed.")
+    except broker.BrokerError as exc:
+        messages.error(request, exc.detail)
+    return redirect("session", request.tenant.slug, session.pk)
+
+
+@require_POST
+@tenant_view("kill_session")
+def sessions_kill_bulk(request):
+    conversation_id = request.POST.get("conversation_id", "").strip()[:200]
+    everything = request.POST.get("scope") == "tenant"
+    if not conversation_id and not everything:
+        messages.error(request, "Give a conversation id, or choose every active session of the tenant.")
+        return redirect("sessions", request.tenant.slug)
+    killed = broker.sessions_kill_bulk(
+        tenant=request.tenant, conversation_id=None if everything else conversation_id, actor=request.user,
+        reason=f"bulk kill by {request.user.get_username()}" + ("" if everything else f" of {conversation_id}"),
+    )
+    messages.success(request, f"Killed {killed} session{'s' if killed != 1 else ''}.")
+    return redirect("sessions", request.tenant.slug)

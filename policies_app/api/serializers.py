@@ -73,5 +73,7 @@ class ReplaySerializer(serializers.Serializer):
 
 
 class EvaluateSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["exec", "egress"], default="exec",
+                                   help_text="exec: {bin, args, cwd?, timeout_s?}; egress: {host, port}")
     request = serializers.DictField()
     version = serializers.IntegerField(min_value=1, required=False)

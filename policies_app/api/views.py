@@ -136,7 +136,7 @@ def policy_evaluate(request, name: str):
     data = _valid(s.EvaluateSerializer, request)
     version = selectors.version_get(_tenant(request), name, data["version"]) if data.get("version") else None
     evaluation = decide(tenant=_tenant(request), policy=policy, request=data["request"], version=version,
-                        record=False)
+                        record=False, kind=data["kind"])
     return Response(decision_payload(evaluation.decision))
 
 

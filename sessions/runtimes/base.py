@@ -122,9 +122,10 @@ class Driver(ABC):
     @abstractmethod
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
-        env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: bytes | None = None,
     ) -> Iterator[Chunk | ExitStatus]:
-        """Run argv; yield Chunks as output arrives, then exactly one ExitStatus."""
+        """Run argv; yield Chunks as output arrives, then exactly one ExitStatus. `stdin`, when
+        given, is the whole of the command's standard input (else it reads /dev/null)."""
 
     @abstractmethod
     def kill(self, sandbox: Sandbox) -> None:

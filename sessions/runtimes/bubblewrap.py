@@ -47,6 +47,7 @@ from sessions.runtimes.cgroups import CgroupManager
 from sessions.runtimes.linux import is_mount_point, mount_tmpfs, unmount
 
 NOBODY = 65534
+SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin")  # util-linux, essential on Debian
 READ_SIZE = 65536
 
 
@@ -77,7 +78,7 @@ class BubblewrapDriver(Driver):
             raise RuntimeUnavailable("bubblewrap is not installed; install it with: apt-get install -y bubblewrap")
         tree = rootfs.require().path
         probe = subprocess.run(
-            [bwrap, "--unshare-all", "--unshare-user", "--ro-bind", str(tree), "/", "--", "/bin/true"],
+            self._as_nobody([bwrap, "--unshare-all", "--unshare-user", "--ro-bind", str(tree), "/", "--", "/bin/true"]),
             capture_output=True, text=True, timeout=10, env={}, **self._identity(),
         )
         if probe.returncode != 0:
@@ -87,9 +88,16 @@ class BubblewrapDriver(Driver):
             )
         self._bwrap = bwrap
 
+    def _as_nobody(self, argv: list[str]) -> list[str]:
+        """Run bwrap as the host's nobody when we can (we are root), else as ourselves.
+        `setpriv` drops the identity: Popen's own user= would make Python fork the whole runner
+        process instead of vfork-ing it, ~17 ms instead of ~2 ms for a server-sized process."""
+        if self.as_root and SETPRIV:
+            return [SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
+        return argv
+
     def _identity(self) -> dict:
-        """Run bwrap as the host's nobody when we can (we are root), else as ourselves."""
-        if self.as_root:
+        if self.as_root and not SETPRIV:
             return {"user": NOBODY, "group": NOBODY, "extra_groups": []}
         return {}
 
@@ -149,7 +157,7 @@ class BubblewrapDriver(Driver):
     # -- commands --------------------------------------------------------------------------
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
-        env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: bytes | None = None,
     ) -> Iterator[Chunk | ExitStatus]:
         check_argv(argv)
         cwd = workspace_cwd(cwd)
@@ -157,7 +165,7 @@ class BubblewrapDriver(Driver):
         timeout_s = min(timeout_s or limits.command_timeout_s, limits.command_timeout_s)
         started = time.monotonic()
         oom_before = self.cgroups.usage(sandbox.id).oom_kills if self.cgroups.available else 0
-        running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec.env, env))
+        running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec.env, env), stdin)
         # The one deadline mechanism: it holds even when nobody reads the output.
         watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox.id, running, "timeout"))
         watchdog.daemon = True
@@ -191,11 +199,12 @@ class BubblewrapDriver(Driver):
             output_bytes=output_bytes,
         )
 
-    def _start(self, sandbox: Sandbox, argv: Sequence[str], cwd: str, env: dict[str, str]) -> _Running:
+    def _start(self, sandbox: Sandbox, argv: Sequence[str], cwd: str, env: dict[str, str],
+               stdin: bytes | None) -> _Running:
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
         limits = sandbox.spec.limits
-        command = [
+        command = self._as_nobody([
             self._bwrap,
             "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
@@ -210,13 +219,14 @@ class BubblewrapDriver(Driver):
             # command gets exactly the policy's environment.
             "--clearenv", *[part for name, value in env.items() for part in ("--setenv", name, value)],
             "--", *argv,
-        ]
+        ])
         with self._lock:
             if sandbox.id in self._running:
                 raise SandboxError("a command is already running in this sandbox")
             try:
                 process = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    command, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     env={}, pass_fds=(info_write, block_read), start_new_session=True, **self._identity(),
                 )
             finally:
@@ -228,17 +238,28 @@ class BubblewrapDriver(Driver):
             running.inner_pid = _read_child_pid(info_read)
             self._confine(sandbox, [process.pid, running.inner_pid])
             os.write(block_write, b"1")  # the command may start now
+            if stdin is not None:
+                threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
+        except (OSError, SandboxError):
+            if running.reason is None:  # it could not start
+                self._abandon(sandbox.id, running)
+                raise
+            # Killed while starting (its pipes broke): exec() reports it as such.
+            self._stop(sandbox.id, running, running.reason)
         except BaseException:
-            self._stop(sandbox.id, running, "killed")
-            process.wait()
-            _close_pipes(process)
-            with self._lock:
-                self._running.pop(sandbox.id, None)
+            self._abandon(sandbox.id, running)
             raise
         finally:
             os.close(info_read)
             os.close(block_write)
         return running
+
+    def _abandon(self, sandbox_id: str, running: _Running) -> None:
+        self._stop(sandbox_id, running, "killed")
+        running.process.wait()
+        _close_pipes(running.process)
+        with self._lock:
+            self._running.pop(sandbox_id, None)
 
     def _confine(self, sandbox: Sandbox, pids: list[int]) -> None:
         limits = sandbox.spec.limits
@@ -340,8 +361,15 @@ def _stream(process: subprocess.Popen) -> Iterator[Chunk]:
         selector.close()
 
 
+def _feed(pipe, data: bytes) -> None:
+    """Write a command's standard input from its own thread: the command may fill its output
+    pipes before it reads everything, and exec() must keep draining them meanwhile."""
+    with contextlib.suppress(OSError, ValueError), pipe:
+        pipe.write(data)
+
+
 def _close_pipes(process: subprocess.Popen) -> None:
-    for pipe in (process.stdout, process.stderr):
+    for pipe in (process.stdin, process.stdout, process.stderr):
         if pipe is not None:
             pipe.close()
 

@@ -19,6 +19,7 @@ import hashlib
 import os
 import select
 import signal
+import socket
 import struct
 import threading
 import time
@@ -203,7 +204,7 @@ class DockerDriver(Driver):
     # -- commands --------------------------------------------------------------------------
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
-        env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: bytes | None = None,
     ) -> Iterator[Chunk | ExitStatus]:
         check_argv(argv)
         cwd = workspace_cwd(cwd)
@@ -220,7 +221,7 @@ class DockerDriver(Driver):
         try:
             exec_id = api.exec_create(
                 sandbox.handle["container"], list(argv), stdout=True, stderr=True, user=NOBODY, workdir=cwd,
-                environment=sandbox_env(sandbox.spec.env, env),
+                environment=sandbox_env(sandbox.spec.env, env), stdin=stdin is not None,
             )["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except BaseException as exc:
@@ -230,6 +231,8 @@ class DockerDriver(Driver):
                 raise SandboxError("the sandbox is not running (under gVisor an out-of-memory kill ends it)") from None
             raise
         raw = getattr(sock, "_sock", sock)
+        if stdin is not None:
+            threading.Thread(target=_feed, args=(raw, stdin), daemon=True).start()
         # The one deadline mechanism: it holds even when nobody reads the output.
         watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox, running, "timeout"))
         watchdog.daemon = True
@@ -372,6 +375,13 @@ class DockerDriver(Driver):
 
 
 IDLE_CHECK_S = 0.25
+
+
+def _feed(raw, data: bytes) -> None:
+    """Send a command's whole standard input, then end it (half-close), from its own thread."""
+    with contextlib.suppress(OSError):
+        raw.sendall(data)
+        raw.shutdown(socket.SHUT_WR)
 
 
 def _exec_running(api, exec_id: str) -> bool:

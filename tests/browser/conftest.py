@@ -37,6 +37,19 @@ SEED_DECISIONS = (
     "[decide(tenant=t, policy=p, request={'bin': 'make', 'args': ['test']}) for _ in range(3)]"
 )
 
+# A second policy for operator tests: `sleep` runs long enough to be killed by hand.
+OPS_POLICY = """limits: {command_timeout_s: 900}
+commands:
+  - {id: sleep, bin: sleep, allow_args: ["^[0-9]+$"]}
+  - {id: python3, bin: python3, deny_args: ["^-"]}
+"""
+SEED_OPS_POLICY = (
+    "import os; from controlplane.models import Tenant; from policies_app import services as s; "
+    "t = Tenant.objects.get(slug='demo'); p = s.policy_create(tenant=t, name='ops', actor=None); "
+    "v = s.version_create(policy=p, actor=None, source=os.environ['OPS_POLICY']); "
+    "s.version_publish(version=v, actor=None, note='ops')"
+)
+
 
 @dataclass
 class DemoServer:
@@ -45,9 +58,9 @@ class DemoServer:
     api_key: str
     env: dict
 
-    def manage(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
-                              text=True, timeout=60, check=False)
+    def manage(self, *args: str, **extra_env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**self.env, **extra_env},
+                              capture_output=True, text=True, timeout=60, check=False)
 
 
 def _free_port() -> int:
@@ -83,8 +96,9 @@ def demo_server(tmp_path_factory):
     printed = server.manage("demo_setup").stdout
     server.password = re.search(r"password: (\S+)", printed).group(1)
     server.api_key = re.search(r"API key\s+(alk_\S+)", printed).group(1)
-    seeded = server.manage("shell", "-c", SEED_DECISIONS)
-    assert seeded.returncode == 0, seeded.stderr
+    for seed in (SEED_DECISIONS, SEED_OPS_POLICY):
+        seeded = server.manage("shell", "-c", seed, OPS_POLICY=OPS_POLICY)
+        assert seeded.returncode == 0, seeded.stderr
     process = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

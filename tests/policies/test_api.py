@@ -95,3 +95,12 @@ def test_malformed_bodies_get_400_with_field_errors(writer):
 
 def test_the_policy_json_schema_is_served(reader):
     assert "commands" in reader.get("/api/v1/policy-schema").json()["properties"]
+
+
+def test_evaluate_judges_an_egress_request_too(writer):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    post(writer, "/api/v1/policies/default/versions", {"source": V1})
+    post(writer, "/api/v1/policies/default/versions/1/publish", {"note": "go"})
+    decision = post(writer, "/api/v1/policies/default/evaluate",
+                    {"kind": "egress", "request": {"host": "pypi.org", "port": 443}}).json()
+    assert decision["reason_code"] == "egress_denied" and decision["allowed"] is False

@@ -119,3 +119,13 @@ def test_decisions_past_the_retention_are_pruned(acme, policy):
     call_command("prune_decisions", stdout=out)
     assert "deleted 1 decision" in out.getvalue()
     assert DecisionRecord.objects.count() == 1
+
+
+def test_egress_decisions_are_recorded_and_replayed_by_their_kind(acme, policy):
+    evaluation = decide(tenant=acme, policy=policy, request={"host": "pypi.org", "port": 443}, kind="egress")
+    record = DecisionRecord.objects.get(pk=evaluation.record.pk)
+    assert (record.kind, record.allowed, record.reason_code) == ("egress", False, "egress_denied")
+    opened = parse_yaml(PUBLISHED + "network: {egress: allowlist, allow: ['pypi.org:443']}\n")
+    result = replay(policy=policy, compiled=compile_policy(opened, VersionRef("default", 2, opened.sha256())))
+    assert (result.replayed, result.widenings) == (1, 1)
+    assert result.groups[0].rule_id == "network.allow"

@@ -1,7 +1,7 @@
 import pytest
 
 from policies_app.document import parse_yaml
-from policies_app.engine import VersionRef, compile_policy, evaluate
+from policies_app.engine import VersionRef, compile_policy, evaluate, evaluate_egress
 
 POLICY = """
 commands:
@@ -130,3 +130,34 @@ def test_arguments_are_never_interpreted_by_a_shell():
     decision = decide({"bin": "npm", "args": ["; id #", "$(id)"]})
     assert decision.allowed
     assert decision.argv == ("npm", "test", "--", "; id #", "$(id)")
+
+
+EGRESS = """
+network: {egress: allowlist, allow: ["pypi.org:443", "files.pythonhosted.org:443"]}
+"""
+
+
+def test_egress_is_denied_when_the_policy_allows_no_network():
+    decision = evaluate_egress(compiled(), {"host": "pypi.org", "port": 443})
+    assert (decision.allowed, decision.reason_code) == (False, "egress_denied")
+    assert "allows no network egress" in decision.message
+    assert 'allow: ["pypi.org:443"]' in decision.hint
+
+
+def test_egress_is_allowed_only_to_the_exact_host_and_port_listed():
+    policy = compiled(EGRESS)
+    allowed = evaluate_egress(policy, {"host": "PyPI.org", "port": 443})
+    assert (allowed.allowed, allowed.rule_id, allowed.argv) == (True, "network.allow", ())
+    other_port = evaluate_egress(policy, {"host": "pypi.org", "port": 80})
+    assert (other_port.allowed, other_port.reason_code) == (False, "egress_denied")
+    assert "did you mean pypi.org:443?" in other_port.hint
+
+
+def test_audit_mode_allows_egress_but_records_the_would_be_denial():
+    decision = evaluate_egress(compiled("mode: audit\n"), {"host": "example.com", "port": 443})
+    assert (decision.allowed, decision.effect, decision.reason_code) == (True, "audit_deny", "egress_denied")
+
+
+def test_a_malformed_egress_request_is_schema_invalid_in_any_mode():
+    decision = evaluate_egress(compiled("mode: audit\n"), {"host": "a b", "port": 0})
+    assert (decision.allowed, decision.reason_code) == (False, "schema_invalid")

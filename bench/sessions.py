@@ -1,0 +1,253 @@
+"""Sessions end to end against a running server on bubblewrap: p50 / p95 of session create,
+exec of `true` with `wait` (the API round trip), the delay from a process's write to its
+WebSocket receipt, and 20 concurrent sessions x 20 commands; with the ratio of the exec round
+trip to a bare driver exec of `true` measured in the same run.
+
+    .venv/bin/python bench/sessions.py [--runs N]
+        starts its own server like `make run` (fresh data directory, embedded runner)
+    .venv/bin/python bench/sessions.py --url http://127.0.0.1:8000 --key alk_… --policy NAME
+        an existing server, whose policy NAME allows `true` and `python3`
+
+Targets (2 cores): create p95 <= 50 ms, exec round trip p95 <= 40 ms, output to WebSocket
+p95 <= 50 ms. Traffic goes to loopback only."""
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+os.environ.setdefault("SECRET_KEY", "bench-only-" + "x" * 60)
+
+import django  # noqa: E402
+
+django.setup()
+
+from websockets.sync.client import connect  # noqa: E402
+
+from sessions.runtimes import get_driver  # noqa: E402
+from sessions.runtimes.base import SandboxSpec  # noqa: E402
+
+POLICY = """limits: {command_timeout_s: 30, output_tail_chars: 8000}
+commands:
+  - {id: "true", bin: "true", max_args: 0}
+  - {id: python3, bin: python3, deny_args: ["^-"]}
+"""
+SEED = ("import os; from controlplane.models import Tenant; from policies_app import services as s; "
+        "t = Tenant.objects.get(slug='demo'); p = s.policy_create(tenant=t, name='bench', actor=None); "
+        "v = s.version_create(policy=p, actor=None, source=os.environ['BENCH_POLICY']); "
+        "s.version_publish(version=v, actor=None, note='bench')")
+STAMPS = b"import time\nfor _ in range(40):\n    print(repr(time.time()), flush=True)\n    time.sleep(0.02)\n"
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.95 * len(ordered)) - 1)]
+
+
+def line(name: str, samples: list[float], target: float | None = None) -> str:
+    p50, p95 = percentiles(samples)
+    verdict = "" if target is None else ("  ok" if p95 <= target else f"  ABOVE target {target:g} ms")
+    return f"  {name:<38} p50 {p50:7.1f} ms   p95 {p95:7.1f} ms   (n={len(samples)}){verdict}"
+
+
+class Api:
+    """One keep-alive HTTP connection (one per thread)."""
+
+    def __init__(self, url: str, key: str):
+        parts = urlsplit(url)
+        self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        self.key = key
+
+    def call(self, method: str, path: str, body=None, *, token: str | None = None, raw: bytes | None = None):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        self.connection.request(method, path, body=data, headers={
+            "Authorization": f"Bearer {token or self.key}", "Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        content = response.read()
+        return response.status, json.loads(content) if content else None
+
+    def open(self, policy: str) -> dict:
+        status, session = self.call("POST", "/api/v1/sessions", {"conversation_id": "bench", "policy": policy})
+        assert status == 201, session
+        return session
+
+    def run(self, session: dict, bin_name: str, *args: str, wait: bool = True) -> dict:
+        status, body = self.call("POST", f"/api/v1/sessions/{session['id']}/commands",
+                                 {"bin": bin_name, "args": list(args), "wait": wait}, token=session["token"])
+        assert status in {200, 202}, body
+        return body
+
+    def end(self, session: dict) -> None:
+        self.call("DELETE", f"/api/v1/sessions/{session['id']}", token=session["token"])
+
+
+def timed(function, *args) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = function(*args)
+    return (time.perf_counter() - started) * 1000, result
+
+
+def bench_create(api: Api, policy: str, runs: int) -> list[float]:
+    samples = []
+    for _ in range(runs):
+        elapsed, session = timed(api.open, policy)
+        samples.append(elapsed)
+        api.end(session)
+    return samples
+
+
+def bench_exec(api: Api, session: dict, runs: int) -> list[float]:
+    samples = []
+    for _ in range(runs):
+        elapsed, body = timed(api.run, session, "true")
+        assert body["exit_code"] == 0, body
+        samples.append(elapsed)
+    return samples
+
+
+def bench_stream(api: Api, url: str, session: dict) -> list[float]:
+    """Each line the process writes holds its own write time; the delay is receipt - write."""
+    status, _ = api.call("PUT", f"/api/v1/sessions/{session['id']}/files/stamps.py", raw=STAMPS,
+                         token=session["token"])
+    assert status == 204
+    ws_url = url.replace("http://", "ws://") + session["stream_url"]
+    delays = []
+    with connect(ws_url, subprotocols=["airlock.v1", f"airlock.token.{session['token']}"],
+                 origin="http://127.0.0.1") as ws:
+        json.loads(ws.recv(timeout=10))  # the opening state
+        api.run(session, "python3", "stamps.py", wait=False)
+        while True:
+            event = json.loads(ws.recv(timeout=30))
+            received = time.time()
+            if event["event"] == "command.output":
+                delays += [(received - float(stamp)) * 1000 for stamp in event["data"].split()]
+            elif event["event"] == "command.exited":
+                return delays
+
+
+def bench_concurrent(url: str, key: str, policy: str, sessions: int, commands: int) -> tuple[list[float], float]:
+    samples: list[float] = []
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def agent() -> None:
+        try:
+            api = Api(url, key)
+            session = api.open(policy)
+            mine = bench_exec(api, session, commands)
+            api.end(session)
+            with lock:
+                samples.extend(mine)
+        except BaseException as exc:  # reported after the run
+            failures.append(exc)
+
+    threads = [threading.Thread(target=agent) for _ in range(sessions)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return samples, time.perf_counter() - started
+
+
+def bench_bare_driver(runs: int) -> list[float]:
+    driver = get_driver("bubblewrap")
+    sandbox = driver.create(SandboxSpec(tenant="bench", session_id=str(uuid.uuid4())))
+    try:
+        samples = []
+        for _ in range(runs):
+            elapsed, events = timed(lambda: list(driver.exec(sandbox, ["true"])))
+            assert events[-1].exit_code == 0
+            samples.append(elapsed)
+        return samples
+    finally:
+        driver.destroy(sandbox)
+
+
+def start_server() -> tuple[str, str, subprocess.Popen, Path]:
+    data = Path(tempfile.mkdtemp(prefix="airlock-bench-"))
+    data.chmod(0o711)
+    env = {**{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}},
+           "AIRLOCK_DATA_DIR": str(data), "SECRET_KEY": "bench-only-" + "x" * 60, "BENCH_POLICY": POLICY,
+           "AIRLOCK_LOG_LEVEL": "WARNING"}
+
+    def manage(*args: str) -> str:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,
+                              capture_output=True, text=True).stdout
+
+    manage("migrate", "--no-input", "-v", "0")
+    key = re.search(r"alk_\S+", manage("demo_setup")).group(0)
+    manage("shell", "-c", SEED)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).with_name("daphne")), "-b", "127.0.0.1", "-p", str(port),
+                               "controlplane.asgi:application"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return f"http://127.0.0.1:{port}", key, server, data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url")
+    parser.add_argument("--key")
+    parser.add_argument("--policy", default="bench")
+    parser.add_argument("--runs", type=int, default=100)
+    options = parser.parse_args()
+    server = data = None
+    if options.url:
+        url, key = options.url, options.key
+    else:
+        url, key, server, data = start_server()
+    try:
+        api = Api(url, key)
+        api.open(options.policy)  # the first request starts the embedded runner: not measured
+        session = api.open(options.policy)
+        bench_exec(api, session, 10)  # warm-up
+        print(f"Airlock sessions benchmark against {url} (bubblewrap)")
+        create = bench_create(api, options.policy, max(20, options.runs // 2))
+        print(line("session create (POST /sessions)", create, 50))
+        exec_round_trip = bench_exec(api, session, options.runs)
+        print(line("exec `true` round trip (wait: true)", exec_round_trip, 40))
+        stream = bench_stream(api, url, session)
+        print(line("process write -> WebSocket receipt", stream, 50))
+        concurrent, wall_s = bench_concurrent(url, key, options.policy, 20, 20)
+        print(line("20 sessions x 20 commands, per command", concurrent))
+        print(f"  {'':<38} {len(concurrent)} commands in {wall_s:.2f} s = {len(concurrent) / wall_s:.0f} commands/s")
+        bare = bench_bare_driver(options.runs)
+        print(line("bare driver exec `true` (same machine)", bare))
+        ratio = percentiles(exec_round_trip)[0] / percentiles(bare)[0]
+        print(f"  exec round trip / bare driver exec (p50): {ratio:.2f}x")
+        api.end(session)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
+            shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

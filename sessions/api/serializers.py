@@ -1,0 +1,69 @@
+from rest_framework import serializers
+
+from policies_app.decisions import record_payload
+from sessions.models import CommandRun, Session
+
+
+class WorkspaceSerializer(serializers.Serializer):
+    repo = serializers.CharField(max_length=100, help_text="an allowlisted local git repository's name")
+
+
+class SessionCreateSerializer(serializers.Serializer):
+    conversation_id = serializers.CharField(max_length=200, help_text="the agent's conversation this session serves")
+    policy = serializers.SlugField(max_length=63, default="default", help_text="the policy whose published "
+                                   "version the session pins")
+    workspace = WorkspaceSerializer(required=False, help_text="start from a filtered checkout; else empty")
+
+
+class CommandCreateSerializer(serializers.Serializer):
+    bin = serializers.CharField(max_length=255, trim_whitespace=False, help_text="a bare program name, e.g. pytest")
+    args = serializers.ListField(child=serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=65536),
+                                 max_length=1000, default=list)
+    cwd = serializers.CharField(max_length=4096, default="/workspace", trim_whitespace=False)
+    timeout_s = serializers.IntegerField(min_value=1, required=False, help_text="at most the policy's "
+                                         "limits.command_timeout_s")
+    wait = serializers.BooleanField(default=False, help_text="answer with the result when the command ends")
+
+    def request_for_policy(self) -> dict:
+        data = self.validated_data
+        request = {"bin": data["bin"], "args": data["args"], "cwd": data["cwd"]}
+        if "timeout_s" in data:
+            request["timeout_s"] = data["timeout_s"]
+        return request
+
+
+class PolicyVersionRefSerializer(serializers.Serializer):
+    policy = serializers.CharField()
+    number = serializers.IntegerField()
+    sha256 = serializers.CharField()
+
+
+class SessionSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug")
+    policy_version = serializers.SerializerMethodField()
+    stream_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Session
+        fields = ["id", "conversation_id", "tenant", "state", "state_reason", "policy_version", "driver",
+                  "rootfs_digest", "created_at", "ready_at", "ended_at", "expires_at", "stream_url"]
+
+    def get_policy_version(self, session: Session) -> dict:
+        version = session.policy_version
+        return {"policy": version.policy.name, "number": version.number, "sha256": version.sha256}
+
+    def get_stream_url(self, session: Session) -> str:
+        return f"/ws/sessions/{session.pk}/"
+
+
+class CommandSerializer(serializers.ModelSerializer):
+    session = serializers.UUIDField(source="session_id")
+    decision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = CommandRun
+        fields = ["id", "session", "state", "argv", "cwd", "timeout_s", "exit_code", "reason", "output", "truncated",
+                  "output_bytes", "duration_ms", "created_at", "started_at", "ended_at", "decision"]
+
+    def get_decision(self, command: CommandRun) -> dict:
+        return record_payload(command.decision)

@@ -1,0 +1,175 @@
+"""The agent-facing session API (DESIGN.md §3). Tenant API keys (scope `sessions`) create
+sessions; the session token returned reaches that one session until it ends."""
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, status
+from rest_framework.decorators import api_view, authentication_classes, parser_classes, permission_classes
+from rest_framework.parsers import BaseParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+
+from controlplane.api.auth import ApiKeyAuthentication, ApiPrincipal
+from controlplane.audit import actor_label
+from sessions import broker
+from sessions.api import serializers as s
+from sessions.api.auth import SessionTokenAuthentication, session_for
+from sessions.models import SessionState
+from sessions.selectors import command_get, command_list
+
+AUTH = [SessionTokenAuthentication, ApiKeyAuthentication]
+# Views that wait for a runner (a command with `wait`, a sandbox being created or destroyed) run
+# on these threads, not on the one thread Django gives all synchronous views under ASGI: one
+# agent waiting for its command must not hold up every other request of the server.
+_waiting_pool = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api")
+
+
+def waits_for_runner(view):
+    def call(request, *args, **kwargs):
+        close_old_connections()  # this thread's connection follows CONN_MAX_AGE like a request's
+        try:
+            return view(request, *args, **kwargs)
+        finally:
+            close_old_connections()
+
+    async def wrapper(request, *args, **kwargs):
+        return await sync_to_async(call, thread_sensitive=False, executor=_waiting_pool)(request, *args, **kwargs)
+
+    return functools.update_wrapper(wrapper, view)
+
+
+def _broker_error(exc: broker.BrokerError) -> Response:
+    body = {"error": exc.code, "detail": exc.detail}
+    if exc.decision is not None:
+        body["decision"] = exc.decision
+    return Response(body, status=exc.status)
+
+
+def _actor(request):
+    return request.auth if isinstance(request.user, ApiPrincipal) else str(request.user)
+
+
+class RawBodyParser(BaseParser):
+    """A workspace file's bytes, whatever their type, up to AIRLOCK_MAX_FILE_BYTES."""
+
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        limit = settings.AIRLOCK_MAX_FILE_BYTES
+        data = stream.read(limit + 1) if stream is not None else b""
+        if len(data) > limit:
+            raise exceptions.ValidationError({"body": [f"a file may hold at most {limit} bytes"]})
+        return data
+
+
+@waits_for_runner
+@extend_schema(request=s.SessionCreateSerializer, responses={201: s.SessionSerializer})
+@api_view(["POST"])
+@authentication_classes(AUTH)
+@permission_classes([IsAuthenticated])
+def session_create(request):
+    if not isinstance(request.user, ApiPrincipal) or "sessions" not in request.user.scopes:
+        raise exceptions.PermissionDenied("creating a session needs an API key with the scope 'sessions'")
+    serializer = s.SessionCreateSerializer(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    data = serializer.validated_data
+    try:
+        created = broker.session_open(tenant=request.user.tenant, conversation_id=data["conversation_id"],
+                                      policy_name=data["policy"], repository=data.get("workspace", {}).get("repo", ""),
+                                      actor_label=actor_label(request.auth))
+    except broker.BrokerError as exc:
+        return _broker_error(exc)
+    body = s.SessionSerializer(created.session).data
+    body["token"] = created.token
+    return Response(body, status=status.HTTP_201_CREATED)
+
+
+@waits_for_runner
+@extend_schema(methods=["GET", "DELETE"], responses=s.SessionSerializer)
+@api_view(["GET", "DELETE"])
+@authentication_classes(AUTH)
+@permission_classes([IsAuthenticated])
+def session_detail(request, session_id):
+    session = session_for(request, session_id)
+    if request.method == "DELETE":
+        try:
+            session = broker.session_stop(session=session, state=SessionState.ENDED, actor=_actor(request),
+                                          reason="ended through the API")
+        except broker.BrokerError as exc:
+            return _broker_error(exc)
+    return Response(s.SessionSerializer(session).data)
+
+
+@waits_for_runner
+@extend_schema(request=None, responses=s.SessionSerializer)
+@api_view(["POST"])
+@authentication_classes(AUTH)
+@permission_classes([IsAuthenticated])
+def session_kill(request, session_id):
+    session = session_for(request, session_id)
+    try:
+        session = broker.session_stop(session=session, state=SessionState.KILLED, actor=_actor(request),
+                                      reason="killed through the API")
+    except broker.BrokerError as exc:
+        return _broker_error(exc)
+    return Response(s.SessionSerializer(session).data)
+
+
+@waits_for_runner
+@extend_schema(methods=["POST"], request=s.CommandCreateSerializer,
+               responses={200: s.CommandSerializer, 202: s.CommandSerializer})
+@extend_schema(methods=["GET"], responses=s.CommandSerializer(many=True))
+@api_view(["GET", "POST"])
+@authentication_classes(AUTH)
+@permission_classes([IsAuthenticated])
+def commands(request, session_id):
+    session = session_for(request, session_id)
+    if request.method == "GET":
+        return Response(s.CommandSerializer(command_list(session), many=True).data)
+    serializer = s.CommandCreateSerializer(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    wait = serializer.validated_data["wait"]
+    try:
+        command = broker.command_propose(session=session, request=serializer.request_for_policy(), wait=wait)
+    except broker.BrokerError as exc:
+        return _broker_error(exc)
+    command = command_get(session, command.pk)
+    code = status.HTTP_200_OK if command.finished else status.HTTP_202_ACCEPTED
+    return Response(s.CommandSerializer(command).data, status=code)
+
+
+@extend_schema(responses=s.CommandSerializer)
+@api_view(["GET"])
+@authentication_classes(AUTH)
+@permission_classes([IsAuthenticated])
+def command_detail(request, session_id, command_id):
+    session = session_for(request, session_id)
+    return Response(s.CommandSerializer(command_get(session, command_id)).data)
+
+
+@waits_for_runner
+@extend_schema(methods=["PUT"], request={"application/octet-stream": OpenApiTypes.BINARY}, responses={204: None})
+@extend_schema(methods=["GET"], responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+@api_view(["GET", "PUT"])
+@authentication_classes(AUTH)
+@permission_classes([IsAuthenticated])
+@parser_classes([RawBodyParser])
+def session_file(request, session_id, path: str):
+    session = session_for(request, session_id)
+    try:
+        if request.method == "PUT":
+            broker.file_operation(session=session, op="put", path=path, data=bytes(request.data or b""))
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        data = broker.file_operation(session=session, op="get", path=path)
+    except broker.BrokerError as exc:
+        return _broker_error(exc)
+    response = HttpResponse(data, content_type="application/octet-stream")
+    response["Content-Disposition"] = "attachment"
+    return response

@@ -1,0 +1,182 @@
+"""Sessions, the commands run in them, and the runners that own their sandboxes.
+
+A session's state only moves forward: creating → ready → one of ended / killed / expired /
+failed. Every transition goes through `Session.objects.transition`, a conditional UPDATE, so two
+actors racing (a kill and the TTL, a runner and the API) cannot both win."""
+
+import hashlib
+import secrets
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+TOKEN_PREFIX = "ast_"  # noqa: S105 - a prefix, not a secret
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+class SessionState(models.TextChoices):
+    CREATING = "creating"
+    READY = "ready"
+    ENDED = "ended"
+    KILLED = "killed"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+
+ACTIVE_STATES = (SessionState.CREATING, SessionState.READY)
+
+
+class SessionQuerySet(models.QuerySet):
+    def active(self):
+        return self.filter(state__in=ACTIVE_STATES)
+
+    def transition(self, session_id, *, to: str, reason: str = "", allowed_from=ACTIVE_STATES) -> bool:
+        """Move one session to `to` if it is in `allowed_from`; True when this call moved it."""
+        now = timezone.now()
+        changes = {"state": to, "state_reason": reason[:500]}
+        if to == SessionState.READY:
+            changes["ready_at"] = now
+        else:
+            changes["ended_at"] = now
+        return bool(self.filter(pk=session_id, state__in=allowed_from).update(**changes))
+
+
+class Session(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="agent_sessions")
+    conversation_id = models.CharField(max_length=200, db_index=True)
+    policy_version = models.ForeignKey("policies_app.PolicyVersion", on_delete=models.PROTECT, related_name="+")
+    driver = models.CharField(max_length=20)
+    rootfs_digest = models.CharField(max_length=80, blank=True)
+    runner = models.ForeignKey("Runner", null=True, on_delete=models.SET_NULL, related_name="sessions")
+    state = models.CharField(max_length=10, choices=SessionState.choices, default=SessionState.CREATING)
+    state_reason = models.CharField(max_length=500, blank=True)
+    token_hash = models.CharField(max_length=64, unique=True)
+    workspace_source = models.CharField(max_length=100, blank=True)  # an allowlisted repository's name
+    created_by = models.CharField(max_length=100)  # the actor label: apikey:alk_… or a username
+    created_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    last_activity_at = models.DateTimeField(default=timezone.now)
+    # The last resource figures the runner saw (CPU seconds, memory bytes, disk bytes).
+    cpu_s = models.FloatField(null=True, blank=True)
+    memory_bytes = models.BigIntegerField(null=True, blank=True)
+    disk_bytes = models.BigIntegerField(null=True, blank=True)
+
+    objects = SessionQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "state", "created_at"]),
+            models.Index(fields=["tenant", "conversation_id"]),
+            models.Index(fields=["state", "expires_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"session {self.id} ({self.state})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def running_label(self) -> str:
+        """The running command's argv, from prefetched commands (the dashboard's list)."""
+        running = [c for c in self.commands.all() if c.state == CommandState.RUNNING]
+        return " ".join(running[-1].argv)[:200] if running else ""
+
+    @property
+    def limits(self) -> dict:
+        from policies_app.document import PolicyDocument
+
+        return PolicyDocument.model_validate(self.policy_version.document).limits.model_dump()
+
+
+class CommandState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    EXITED = "exited"
+    TIMEOUT = "timeout"
+    KILLED = "killed"
+    FAILED = "failed"
+
+
+FINISHED_COMMAND_STATES = (CommandState.EXITED, CommandState.TIMEOUT, CommandState.KILLED, CommandState.FAILED)
+
+
+class CommandRun(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="commands")
+    argv = models.JSONField()  # what runs (the rule's prepend_args included), secrets redacted
+    cwd = models.CharField(max_length=1000, default="/workspace")
+    timeout_s = models.PositiveIntegerField()
+    decision = models.ForeignKey("policies_app.DecisionRecord", on_delete=models.PROTECT, related_name="+")
+    state = models.CharField(max_length=10, choices=CommandState.choices, default=CommandState.QUEUED)
+    exit_code = models.IntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=20, blank=True)  # exited / timeout / killed / oom / output_limit / …
+    output = models.TextField(blank=True)  # the redacted tail, stdout and stderr interleaved
+    truncated = models.BooleanField(default=False)
+    output_bytes = models.BigIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["session", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{' '.join(self.argv)[:60]} ({self.state})"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_COMMAND_STATES
+
+
+class Runner(models.Model):
+    """A process that owns sandboxes: the server itself (embedded) or a `manage.py runner`.
+    It proves it is alive with `heartbeat_at`; one that stops beating is declared dead and its
+    sessions fail."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    embedded = models.BooleanField(default=False)
+    drivers = models.JSONField(default=list)
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return f"runner {self.id}"
+
+    @property
+    def channel(self) -> str:
+        return runner_channel(self.id)
+
+
+def runner_channel(runner_id: str) -> str:
+    return f"airlock.runner.{runner_id}"
+
+
+def session_group(session_id) -> str:
+    return f"session.{session_id}"
+
+
+def tenant_group(tenant_id: int) -> str:
+    return f"tenant.{tenant_id}.sessions"

@@ -1,0 +1,150 @@
+"""The runner's database side: small synchronous functions it calls from its worker threads."""
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from policies_app.document import PolicyDocument
+from sessions import services
+from sessions.models import ACTIVE_STATES, Runner, Session, SessionState
+from sessions.output import CommandOutput
+from sessions.runtimes.base import ExitStatus, Limits, SandboxSpec, Stats
+
+session_ready = services.session_ready
+session_finish = services.session_finish
+session_touch = services.session_touch
+command_fail_queued = services.command_fail_queued
+
+
+def runner_register(*, runner_id: str, embedded: bool, drivers: list[str]) -> None:
+    Runner.objects.update_or_create(pk=runner_id, defaults={
+        "hostname": socket.gethostname()[:255], "pid": os.getpid(), "embedded": embedded, "drivers": drivers,
+        "heartbeat_at": timezone.now(), "stopped_at": None, "stop_reason": "",
+    })
+
+
+def runner_heartbeat(*, runner_id: str) -> bool:
+    """False when this runner was declared dead meanwhile."""
+    return bool(Runner.objects.filter(pk=runner_id, stopped_at__isnull=True).update(heartbeat_at=timezone.now()))
+
+
+def runner_stopped(*, runner_id: str, reason: str) -> None:
+    Runner.objects.filter(pk=runner_id, stopped_at__isnull=True).update(stopped_at=timezone.now(), stop_reason=reason)
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def runners_declare_dead(*, local_pids_gone: bool) -> list[str]:
+    """Runners that stopped beating (or, on this host, whose process is gone) are dead: each
+    active session they owned fails. Returns their ids."""
+    now = timezone.now()
+    candidates = Runner.objects.filter(stopped_at__isnull=True)
+    stale = set(candidates.filter(heartbeat_at__lt=now - timedelta(seconds=settings.AIRLOCK_RUNNER_DEAD_AFTER_S))
+                .values_list("pk", flat=True))
+    if local_pids_gone:
+        for runner in candidates.filter(hostname=socket.gethostname()[:255]).exclude(pid=os.getpid()):
+            if _pid_gone(runner.pid):
+                stale.add(runner.pk)
+    dead = []
+    for runner_id in sorted(stale):
+        reason = "stopped answering (no heartbeat)"
+        declared = Runner.objects.filter(pk=runner_id, stopped_at__isnull=True).update(stopped_at=now,
+                                                                                      stop_reason=reason)
+        if not declared:
+            continue  # another runner declared it first
+        dead.append(runner_id)
+        owned = Session.objects.filter(runner_id=runner_id, state__in=ACTIVE_STATES).values_list("pk", flat=True)
+        for session_id in owned:
+            session_finish(session_id=session_id, state=SessionState.FAILED, reason=f"its runner {runner_id} {reason}")
+    return dead
+
+
+def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str] | None:
+    session = Session.objects.select_related("tenant", "policy_version").filter(
+        pk=session_id, state=SessionState.CREATING).first()
+    if session is None:
+        return None
+    document = PolicyDocument.model_validate(session.policy_version.document)
+    limits = document.limits
+    spec = SandboxSpec(
+        tenant=session.tenant.slug, session_id=str(session.pk),
+        limits=Limits(cpus=limits.cpus, memory_mb=limits.memory_mb, pids=limits.pids, disk_mb=limits.disk_mb,
+                      command_timeout_s=limits.command_timeout_s),
+        env=dict(document.env.set), isolation="gvisor" if session.driver == "gvisor" else "standard",
+    )
+    return spec, session.driver, session.workspace_source
+
+
+@dataclass(frozen=True)
+class CommandPlan:
+    argv: list[str]
+    stored_argv: list[str]  # redacted: what events and pages show
+    cwd: str
+    timeout_s: int
+    tail_chars: int
+
+    @property
+    def label(self) -> str:
+        return " ".join(self.stored_argv)[:200]
+
+
+def command_plan(message: dict) -> CommandPlan:
+    """What to run, as the broker sent it. `argv` is unredacted: the stored one has its secrets
+    redacted and is for reading, not for running."""
+    return CommandPlan(argv=list(message["argv"]), stored_argv=list(message["stored_argv"]), cwd=message["cwd"],
+                       timeout_s=message["timeout_s"], tail_chars=message["tail_chars"])
+
+
+command_start = services.command_start
+
+
+def command_finish(*, command_id, status: ExitStatus, output: CommandOutput) -> None:
+    services.command_finish(
+        command_id=command_id, exit_code=status.exit_code, reason=status.reason, output=output.tail.text,
+        truncated=output.tail.truncated, output_bytes=status.output_bytes, duration_ms=status.duration_ms,
+    )
+
+
+def session_stats(*, session_id, stats: Stats) -> None:
+    services.session_record_stats(session_id=session_id, cpu_s=stats.cpu_s, memory_bytes=stats.memory_bytes,
+                                  disk_bytes=stats.disk_bytes)
+
+
+def sessions_expire(*, runner_id: str, busy: set[str]) -> list[str]:
+    """This runner's sessions past their TTL, or idle (no command) past the idle timeout."""
+    now = timezone.now()
+    idle_since = now - timedelta(seconds=settings.AIRLOCK_SESSION_IDLE_TIMEOUT_S)
+    expired = []
+    owned = Session.objects.filter(runner_id=runner_id, state=SessionState.READY)
+    for session_id, expires_at, last_activity in owned.values_list("pk", "expires_at", "last_activity_at"):
+        if expires_at <= now:
+            reason = "its time to live (the policy's session_ttl_s) ran out"
+        elif last_activity <= idle_since and str(session_id) not in busy:
+            reason = f"idle for {settings.AIRLOCK_SESSION_IDLE_TIMEOUT_S} s"
+        else:
+            continue
+        if session_finish(session_id=session_id, state=SessionState.EXPIRED, reason=reason):
+            expired.append(str(session_id))
+    return expired
+
+
+def session_is_active(*, session_id) -> bool:
+    return Session.objects.filter(pk=session_id, state__in=ACTIVE_STATES).exists()
+
+
+def orphans(present: list[str]) -> set[str]:
+    """Among sandbox ids present on this host, those whose session here has ended."""
+    ended = Session.objects.filter(pk__in=present).exclude(state__in=ACTIVE_STATES).values_list("pk", flat=True)
+    return {str(session_id) for session_id in ended}

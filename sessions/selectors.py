@@ -1,0 +1,40 @@
+"""Reads of sessions, always through the tenant: the API, the dashboard and the WebSocket
+consumers find a session only with these, so a cross-tenant read cannot be written."""
+
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+
+from controlplane.models import Tenant
+from sessions.models import ACTIVE_STATES, CommandRun, Session, hash_token
+
+
+def session_list(tenant: Tenant) -> QuerySet[Session]:
+    return Session.objects.filter(tenant=tenant).select_related("tenant", "policy_version__policy")
+
+
+def session_get(tenant: Tenant, session_id) -> Session:
+    return get_object_or_404(session_list(tenant), pk=session_id)
+
+
+def session_search(tenant: Tenant, *, conversation_id: str = "", state: str = "") -> QuerySet[Session]:
+    sessions = session_list(tenant)
+    if conversation_id:
+        sessions = sessions.filter(conversation_id=conversation_id)
+    if state == "active":
+        sessions = sessions.filter(state__in=ACTIVE_STATES)
+    elif state:
+        sessions = sessions.filter(state=state)
+    return sessions
+
+
+def session_by_token(token: str) -> Session | None:
+    return (Session.objects.select_related("tenant", "policy_version__policy")
+            .filter(token_hash=hash_token(token)).first())
+
+
+def command_list(session: Session) -> QuerySet[CommandRun]:
+    return session.commands.select_related("decision__policy_version__policy")
+
+
+def command_get(session: Session, command_id) -> CommandRun:
+    return get_object_or_404(command_list(session), pk=command_id)

@@ -1,0 +1,185 @@
+"""The workspace: files written and read through the API, and the filtered checkout of an
+allowlisted local git repository a session may start from.
+
+Every file operation runs inside the sandbox, as its uid 65534, through a fixed Python program
+(`python3 -I`): the workspace quota (a tmpfs of the policy's disk_mb) applies, and no path,
+symlink or hard link can reach anything the sandbox itself could not. The program walks each
+path component with O_NOFOLLOW, so a symlink the agent planted is refused, not followed."""
+
+import fnmatch
+import io
+import posixpath
+import subprocess
+import tarfile
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from sessions.runtimes.base import WORKSPACE, Chunk, Driver, ExitStatus, Sandbox
+
+MAX_PATH = 1024
+FILE_PROGRAM = r"""
+import errno, os, stat, sys, tarfile
+op, path, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+def parent_fd(parts, create):
+    fd = os.open("/workspace", os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    for part in parts:
+        if create:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+        try:
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=fd)
+        except NotADirectoryError:
+            if stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                raise OSError(errno.ELOOP, part) from None
+            raise
+        os.close(fd)
+        fd = child
+    return fd
+
+try:
+    parts = path.split("/")
+    if op == "put":
+        fd = parent_fd(parts[:-1], True)
+        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, 0o644, dir_fd=fd)
+        with os.fdopen(out, "wb") as f:
+            while block := sys.stdin.buffer.read(65536):
+                f.write(block)
+    elif op == "get":
+        fd = parent_fd(parts[:-1], False)
+        src = os.open(parts[-1], os.O_RDONLY | NOFOLLOW, dir_fd=fd)
+        with os.fdopen(src, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            sys.stderr.write("EFBIG")
+            sys.exit(3)
+        sys.stdout.buffer.write(data)
+    elif op == "untar":
+        # The archive was built by the control plane (regular files and directories, relative
+        # names without `..`); bookworm's Python predates extraction filters.
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as archive:
+            archive.extractall("/workspace")
+except OSError as exc:
+    sys.stderr.write(errno.errorcode.get(exc.errno, "EIO"))
+    sys.exit(3)
+"""
+ERRORS = {
+    "ENOENT": ("not_found", "no such file in the workspace"),
+    "EISDIR": ("is_a_directory", "the path is a directory"),
+    "ENOTDIR": ("not_a_directory", "a component of the path is not a directory"),
+    "ELOOP": ("symlink_refused", "the path goes through a symbolic link; links are never followed"),
+    "ENOSPC": ("quota_exceeded", "the workspace is full (its size is the policy's limits.disk_mb)"),
+    "EDQUOT": ("quota_exceeded", "the workspace is full (its size is the policy's limits.disk_mb)"),
+    "EFBIG": ("file_too_large", "the file is larger than the API serves"),
+    "EACCES": ("permission_denied", "the sandbox's user may not access this path"),
+}
+
+
+class WorkspaceError(Exception):
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+def normalize_path(path: str) -> str:
+    """A workspace-relative path, or ValueError: no absolute paths, no `..`, no empty parts."""
+    if not path or len(path) > MAX_PATH or "\0" in path or path.startswith("/"):
+        raise ValueError("give a relative path inside the workspace, such as tests/test_app.py")
+    parts = path.split("/")
+    if any(part in {"", ".", ".."} for part in parts):
+        raise ValueError("the path may not hold empty, `.` or `..` components")
+    return posixpath.join(*parts)
+
+
+def _run(driver: Driver, sandbox: Sandbox, op: str, path: str, *, stdin: bytes | None = None,
+         limit: int = 0, timeout_s: float = 60) -> bytes:
+    stdout, stderr, status = [], [], None
+    for item in driver.exec(sandbox, ["python3", "-I", "-c", FILE_PROGRAM, op, path, str(limit)],
+                            cwd=WORKSPACE, stdin=stdin, timeout_s=timeout_s):
+        if isinstance(item, Chunk):
+            (stdout if item.stream == "stdout" else stderr).append(item.data)
+        elif isinstance(item, ExitStatus):
+            status = item
+    if status is None or status.exit_code != 0:
+        name = b"".join(stderr).decode(errors="replace").strip().rsplit("\n", 1)[-1]
+        if name in ERRORS:
+            raise WorkspaceError(*ERRORS[name])
+        reason = status.reason if status else "no exit status"
+        raise WorkspaceError("workspace_error", f"the workspace operation failed ({reason}: {name[:200]})")
+    return b"".join(stdout)
+
+
+def file_put(driver: Driver, sandbox: Sandbox, path: str, data: bytes) -> None:
+    _run(driver, sandbox, "put", normalize_path(path), stdin=data)
+
+
+def file_get(driver: Driver, sandbox: Sandbox, path: str, *, max_bytes: int) -> bytes:
+    return _run(driver, sandbox, "get", normalize_path(path), limit=max_bytes)
+
+
+# -- checkout of an allowlisted repository --------------------------------------------------
+
+# Never copied into a workspace, wherever they sit in the tree.
+EXCLUDED = (
+    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.keystore", "id_rsa*", "id_dsa*",
+    "id_ecdsa*", "id_ed25519*", ".netrc", ".npmrc", ".pypirc", ".git-credentials", ".dockercfg", "credentials",
+    "credentials.*", "*.tfstate", "*.tfvars", "secrets.*",
+)
+EXCLUDED_DIRS = (".git", ".ssh", ".aws", ".gnupg", ".docker", ".kube")
+
+
+@dataclass(frozen=True)
+class Checkout:
+    archive: bytes
+    files: int
+    skipped: list[str]
+
+
+def allowed_repositories() -> dict[str, str]:
+    return dict(settings.AIRLOCK_WORKSPACE_REPOS)
+
+
+def excluded(path: str) -> bool:
+    parts = path.split("/")
+    if any(part in EXCLUDED_DIRS for part in parts[:-1]):
+        return True
+    return any(fnmatch.fnmatch(parts[-1], pattern) for pattern in EXCLUDED)
+
+
+def repository_archive(path: str, *, ref: str = "HEAD") -> Checkout:
+    """The tracked files of `ref` (never `.git`, so no remote credentials in .git/config), as
+    regular files and directories only, without anything that looks like a secret."""
+    result = subprocess.run(
+        ["/usr/bin/git", "-c", f"safe.directory={path}", "-C", path, "archive", "--format=tar", ref],
+        capture_output=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1"},
+    )
+    if result.returncode != 0:
+        raise WorkspaceError("checkout_failed", f"git archive failed: {result.stderr.decode(errors='replace')[:300]}")
+    out = io.BytesIO()
+    files, skipped = 0, []
+    with tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:") as source, \
+            tarfile.open(fileobj=out, mode="w") as target:
+        for member in source:
+            name = member.name.rstrip("/")
+            unsafe = name.startswith("/") or ".." in name.split("/")
+            if not (member.isfile() or member.isdir()) or unsafe or excluded(name):
+                skipped.append(member.name)
+                continue
+            member.uid = member.gid = 0
+            member.uname = member.gname = ""
+            target.addfile(member, source.extractfile(member) if member.isfile() else None)
+            files += member.isfile()
+    return Checkout(archive=out.getvalue(), files=files, skipped=skipped)
+
+
+def checkout(driver: Driver, sandbox: Sandbox, repository: str) -> Checkout:
+    repositories = allowed_repositories()
+    if repository not in repositories:
+        raise WorkspaceError("repository_not_allowed", f"{repository!r} is not an allowlisted repository")
+    result = repository_archive(repositories[repository])
+    _run(driver, sandbox, "untar", ".", stdin=result.archive)
+    return result

@@ -1,0 +1,228 @@
+"""The agent-facing session API on real bubblewrap sandboxes (DESIGN.md §3)."""
+
+from pathlib import Path
+
+from controlplane.models import ApiKeyScope, AuditEvent
+from policies_app.models import DecisionRecord
+from sessions.models import CommandRun, Session
+from sessions.runtimes import get_driver
+from tests.sessions.conftest import publish
+
+DECISION_FIELDS = {"id", "allowed", "effect", "reason_code", "rule_id", "message", "hint", "policy_version", "mode"}
+
+
+def sandbox_dir(session_id: str) -> Path:
+    return get_driver("bubblewrap").sandbox_dir / session_id
+
+
+def test_creating_a_session_returns_its_token_version_and_stream(agent, acme_policy):
+    session = agent.open(conversation_id="conv-42")
+    assert session["state"] == "ready"
+    assert session["conversation_id"] == "conv-42"
+    assert session["tenant"] == "acme"
+    assert session["policy_version"] == {"policy": "default", "number": acme_policy.number,
+                                         "sha256": acme_policy.sha256}
+    assert session["token"].startswith("ast_")
+    assert session["stream_url"] == f"/ws/sessions/{session['id']}/"
+    assert session["rootfs_digest"].startswith("sha256:")
+    assert sandbox_dir(session["id"]).is_dir()
+    again = agent.as_session(session).get(f"/api/v1/sessions/{session['id']}").json()
+    assert again["state"] == "ready" and "token" not in again
+
+
+def test_a_command_runs_in_the_sandbox_and_returns_its_result_when_waited_for(agent):
+    session = agent.open()
+    response = agent.run(session, "printf", "%s-%s", "a", "b")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["state"] == "exited" and body["exit_code"] == 0 and body["reason"] == "exited"
+    assert body["output"] == "a-b"
+    assert body["decision"]["allowed"] is True and body["decision"]["rule_id"] == "printf"
+    assert set(body["decision"]) == DECISION_FIELDS
+
+
+def test_a_command_without_wait_is_accepted_then_readable(agent):
+    session = agent.open()
+    response = agent.run(session, "python3", "--version", wait=False)
+    assert response.status_code == 403  # `-` options are denied to python3: the body says why
+    assert response.json()["decision"]["reason_code"] == "arg_denied"
+    response = agent.run(session, "sleep", "0", wait=False)
+    assert response.status_code == 202
+    assert response.json()["state"] in {"queued", "running", "exited"}
+    command_url = f"/api/v1/sessions/{session['id']}/commands/{response.json()['id']}"
+    followed = agent.run(session, "printf", "after", wait=True)  # commands of a session run in order
+    assert followed.json()["output"] == "after"
+    assert agent.as_session(session).get(command_url).json()["state"] == "exited"
+
+
+def test_a_denied_command_gets_403_with_the_whole_decision(agent):
+    session = agent.open()
+    response = agent.run(session, "bash", "-c", "id")
+    assert response.status_code == 403
+    body = response.json()
+    assert body["error"] == "command_denied"
+    decision = body["decision"]
+    assert set(decision) == DECISION_FIELDS
+    assert decision["reason_code"] == "bin_not_allowed" and decision["allowed"] is False
+    assert "`pytest`" in decision["hint"] and "a security admin can add `bash`" in decision["hint"]
+    assert DecisionRecord.objects.get(pk=decision["id"]).session_id is not None
+    assert not CommandRun.objects.filter(session_id=session["id"]).exists()
+
+
+def test_path_escapes_and_limits_are_denied_with_their_reason(agent):
+    session = agent.open()
+    assert agent.run(session, "python3", "../../etc/passwd").json()["decision"]["reason_code"] == \
+        "path_outside_workspace"
+    assert agent.run(session, "printf", "x", cwd="/etc").json()["decision"]["reason_code"] == "path_outside_workspace"
+    assert agent.run(session, "sleep", "1", timeout_s=999).json()["decision"]["reason_code"] == "limit_exceeded"
+
+
+def test_malformed_requests_get_400_with_field_errors(agent):
+    session = agent.open()
+    client = agent.as_session(session)
+    url = f"/api/v1/sessions/{session['id']}/commands"
+    response = client.post(url, {"args": "not a list", "timeout_s": 0}, content_type="application/json")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["error"] == "invalid_request"
+    assert set(body["fields"]) == {"bin", "args", "timeout_s"}
+    assert client.post(url, "{", content_type="application/json").json()["error"] == "parse_error"
+    bad = agent.client.post("/api/v1/sessions", {"conversation_id": "", "workspace": {"repo": 3}},
+                            content_type="application/json")
+    assert bad.status_code == 400 and "conversation_id" in bad.json()["fields"]
+
+
+def test_a_command_that_outlives_its_timeout_ends_as_timeout(agent):
+    session = agent.open()
+    body = agent.run(session, "sleep", "30", timeout_s=1).json()
+    assert body["state"] == "timeout" and body["reason"] == "timeout" and body["exit_code"] is None
+
+
+def test_output_is_redacted_and_only_its_tail_is_kept(agent):
+    session = agent.open()
+    script = b"print('key AKIAABCDEFGHIJKLMNOP and token=hunter2hunter2')\nprint('x' * 5000)\nprint('end')\n"
+    assert agent.put(session, "leak.py", script).status_code == 204
+    body = agent.run(session, "python3", "leak.py").json()
+    assert body["truncated"] is True
+    assert len(body["output"]) == 2000  # the policy's output_tail_chars
+    assert body["output"].endswith("end\n")
+    command = CommandRun.objects.get(pk=body["id"])
+    assert command.output_bytes > 5000
+    head = agent.run(session, "python3", "leak.py").json()["output"]
+    assert "AKIA" not in head
+    first_line = agent.run(session, "printf", "AKIAABCDEFGHIJKLMNOP token=hunter2hunter2").json()["output"]
+    assert first_line == "[redacted] token=[redacted]"
+
+
+def test_the_environment_comes_from_the_policy_only(agent, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "runner-secret-value")
+    session = agent.open()
+    agent.put(session, "env.py", b"import os\nprint(sorted(os.environ.items()))\n")
+    output = agent.run(session, "python3", "env.py").json()["output"]
+    assert "('GREETING', 'hello')" in output
+    assert "runner-secret-value" not in output and "AWS_SECRET" not in output
+
+
+def test_workspace_files_round_trip_and_stay_inside(agent):
+    session = agent.open()
+    assert agent.put(session, "tests/test_sum.py", b"def test_sum():\n    assert sum([1, 2]) == 3\n").status_code == 204
+    read = agent.get(session, "tests/test_sum.py")
+    assert read.status_code == 200 and read.content.startswith(b"def test_sum")
+    result = agent.run(session, "pytest", "tests/").json()
+    assert result["exit_code"] == 0 and "1 passed" in result["output"]
+    assert agent.get(session, "missing.txt").status_code == 404
+    denied = agent.put(session, "a/../../x", b"x")
+    assert denied.status_code == 403
+    assert denied.json()["decision"]["reason_code"] == "path_outside_workspace"
+    assert DecisionRecord.objects.filter(kind="file", session_id=session["id"]).count() >= 4
+
+
+def test_a_symlink_planted_in_the_workspace_is_never_followed(agent):
+    session = agent.open()
+    agent.put(session, "plant.py", b"import os\nos.symlink('/etc/passwd', 'link')\nos.symlink('/etc', 'dir')\n")
+    assert agent.run(session, "python3", "plant.py").json()["exit_code"] == 0
+    assert agent.get(session, "link").json()["error"] == "symlink_refused"
+    assert agent.put(session, "dir/evil", b"x").json()["error"] == "symlink_refused"
+
+
+def test_the_workspace_quota_holds_for_files(agent):
+    session = agent.open()  # disk_mb: 8
+    response = agent.put(session, "big.bin", b"\0" * (3 * 2**20))
+    assert response.status_code == 204
+    response = agent.put(session, "bigger.bin", b"\0" * (3 * 2**20))
+    assert response.status_code == 204
+    response = agent.put(session, "too-much.bin", b"\0" * (3 * 2**20))
+    assert response.status_code == 507
+    assert response.json()["error"] == "quota_exceeded"
+
+
+def test_ending_a_session_destroys_its_workspace_and_revokes_its_token(agent):
+    session = agent.open()
+    client = agent.as_session(session)
+    response = client.delete(f"/api/v1/sessions/{session['id']}")
+    assert response.status_code == 200 and response.json()["state"] == "ended"
+    assert not sandbox_dir(session["id"]).exists()
+    assert session["id"] not in get_driver("bubblewrap").list_sandboxes()
+    refused = client.get(f"/api/v1/sessions/{session['id']}")
+    assert refused.status_code == 401 and refused.json()["error"] == "session_ended"
+    # The tenant's key still reads it, and a command is refused with session_not_active.
+    body = agent.client.post(f"/api/v1/sessions/{session['id']}/commands", {"bin": "printf", "args": ["x"]},
+                             content_type="application/json").json()
+    assert body["decision"]["reason_code"] == "session_not_active"
+    assert agent.client.delete(f"/api/v1/sessions/{session['id']}").status_code == 409
+
+
+def test_killing_a_session_stops_what_runs_and_is_audited(agent, acme):
+    session = agent.open()
+    started = agent.run(session, "sleep", "600", wait=False, timeout_s=20)
+    assert started.status_code == 202
+    response = agent.client.post(f"/api/v1/sessions/{session['id']}/kill")
+    assert response.status_code == 200 and response.json()["state"] == "killed"
+    command = CommandRun.objects.get(pk=started.json()["id"])
+    assert command.state == "killed"
+    assert not sandbox_dir(session["id"]).exists()
+    event = AuditEvent.objects.get(tenant=acme, action="session.killed")
+    assert event.actor.startswith("apikey:alk_") and event.target_id == session["id"]
+
+
+def test_a_token_reaches_only_its_own_session(agent, api):
+    first, second = agent.open(), agent.open()
+    response = agent.as_session(first).get(f"/api/v1/sessions/{second['id']}")
+    assert response.status_code == 403 and response.json()["error"] == "wrong_session"
+    assert agent.as_session(first).post(f"/api/v1/sessions/{second['id']}/kill").status_code == 403
+    assert agent.as_session(first).post("/api/v1/sessions", {"conversation_id": "x"},
+                                        content_type="application/json").status_code == 403
+    assert api("ast_not-a-real-token").get(f"/api/v1/sessions/{first['id']}").json()["error"] == "invalid_token"
+
+
+def test_another_tenant_never_reaches_a_session(agent, globex, make_key, api):
+    session = agent.open()
+    publish(globex)
+    outsider = api(make_key(globex).key)
+    assert outsider.get(f"/api/v1/sessions/{session['id']}").status_code == 404
+    assert outsider.post(f"/api/v1/sessions/{session['id']}/kill").status_code == 404
+    assert outsider.get(f"/api/v1/sessions/{session['id']}/files/x").status_code == 404
+    assert Session.objects.get(pk=session["id"]).state == "ready"
+
+
+def test_a_key_without_the_sessions_scope_cannot_open_sessions(acme, acme_policy, make_key, api, runner):
+    key = make_key(acme, scopes=[ApiKeyScope.POLICIES_READ]).key
+    response = api(key).post("/api/v1/sessions", {"conversation_id": "c"}, content_type="application/json")
+    assert response.status_code == 403
+
+
+def test_a_session_needs_a_published_policy(acme, make_key, api, runner):
+    response = api(make_key(acme).key).post("/api/v1/sessions", {"conversation_id": "c", "policy": "nope"},
+                                            content_type="application/json")
+    assert response.status_code == 409 and response.json()["error"] == "policy_not_published"
+
+
+def test_a_session_keeps_its_pinned_version_after_a_new_publish(agent, acme):
+    old = agent.open()
+    stricter = publish(acme, source="commands:\n  - {id: printf, bin: printf}\n")
+    assert agent.run(old, "sleep", "0").status_code == 200  # still v1: sleep allowed
+    new = agent.open()
+    assert new["policy_version"]["number"] == stricter.number
+    denied = agent.run(new, "sleep", "0")
+    assert denied.status_code == 403
+    assert denied.json()["decision"]["policy_version"]["number"] == stricter.number

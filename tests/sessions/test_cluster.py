@@ -1,0 +1,175 @@
+"""Separate runners over Redis, as in production: a daphne server without a runner of its own
+and two `manage.py runner` processes, sharing a database, each owning its sandboxes.
+
+Needs Redis (127.0.0.1:6379, always there on these machines; required in CI)."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from sessions.runtimes.bubblewrap import BubblewrapDriver
+from tests.browser.conftest import _free_port, _wait_until_listening
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS = ("127.0.0.1", 6379)
+SLEEPER = b"import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n"
+
+
+def _redis_up() -> bool:
+    try:
+        with socket.create_connection(REDIS, timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(check, timeout_s: float = 20, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Cluster:
+    url: str
+    key: str
+    data: Path
+    env: dict
+    runners: dict = field(default_factory=dict)  # pid -> Popen
+
+    def call(self, method: str, path: str, body=None, token: str | None = None, raw: bytes | None = None):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {token or self.key}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:  # loopback only
+                content = response.read()
+                return response.status, json.loads(content) if content else None
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    def start_sleeper(self) -> tuple[dict, dict]:
+        status, session = self.call("POST", "/api/v1/sessions", {"conversation_id": "cluster"})
+        assert status == 201, session
+        path = f"/api/v1/sessions/{session['id']}"
+        assert self.call("PUT", f"{path}/files/sleep.py", raw=SLEEPER, token=session["token"])[0] == 204
+        status, command = self.call("POST", f"{path}/commands", {"bin": "python3", "args": ["sleep.py"]},
+                                    token=session["token"])
+        assert status == 202, command
+        wait_until(lambda: self.command(session, command)["state"] == "running", what="the command to run")
+        return session, command
+
+    def command(self, session: dict, command: dict) -> dict:
+        return self.call("GET", f"/api/v1/sessions/{session['id']}/commands/{command['id']}")[1]
+
+    def owner(self, session: dict) -> tuple[str, int]:
+        with sqlite3.connect(self.data / "airlock.sqlite3") as db:
+            return db.execute("SELECT r.id, r.pid FROM agent_sessions_session s JOIN agent_sessions_runner r "
+                              "ON r.id = s.runner_id WHERE s.id = ?", (session["id"].replace("-", ""),)).fetchone()
+
+    def sandbox_left(self, session: dict) -> bool:
+        driver = BubblewrapDriver(sandbox_dir=self.data / "sandboxes")
+        return session["id"] in driver.list_sandboxes()
+
+
+def _manage(env: dict, *args: str) -> str:
+    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _start(env: dict, log: Path, *command: str) -> subprocess.Popen:
+    with log.open("ab") as out:  # read back when a test fails (printed at teardown)
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def cluster(sandboxes):
+    if not _redis_up():
+        if os.environ.get("CI") == "true":
+            pytest.fail("Redis is required in CI at 127.0.0.1:6379")
+        pytest.skip("Redis is not running at 127.0.0.1:6379")
+    data = Path(tempfile.mkdtemp(prefix="airlock-cluster-"))
+    data.chmod(0o711)  # sandboxes (uid 65534) traverse it to their workspace
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DEBUG"}},
+        "AIRLOCK_DATA_DIR": str(data), "AIRLOCK_SANDBOX_DIR": str(data / "sandboxes"),
+        "SECRET_KEY": "cluster-test-secret-key-" + "x" * 40, "REDIS_URL": "redis://{}:{}/0".format(*REDIS),
+        "AIRLOCK_CHANNEL_PREFIX": f"airlock-test-{uuid.uuid4().hex[:8]}", "AIRLOCK_EMBEDDED_RUNNER": "0",
+        "AIRLOCK_RUNNER_HEARTBEAT_S": "1", "AIRLOCK_RUNNER_DEAD_AFTER_S": "3",
+    }
+    _manage(env, "migrate", "--no-input", "-v", "0")
+    key = re.search(r"alk_\S+", _manage(env, "demo_setup")).group(0)
+    port = _free_port()
+    processes = [_start(env, data / f"runner-{n}.log", sys.executable, "manage.py", "runner") for n in range(2)]
+    server = _start(env, data / "server.log", str(Path(sys.executable).with_name("daphne")), "-b", "127.0.0.1",
+                    "-p", str(port), "controlplane.asgi:application")
+    processes.append(server)
+    try:
+        _wait_until_listening(port, server)
+        with sqlite3.connect(data / "airlock.sqlite3") as db:
+            wait_until(lambda: db.execute("SELECT count(*) FROM agent_sessions_runner WHERE stopped_at IS NULL")
+                       .fetchone()[0] == 2, what="two runners")
+        yield Cluster(url=f"http://127.0.0.1:{port}", key=key, data=data, env=env,
+                      runners={p.pid: p for p in processes[:2]})
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        for log in sorted(data.glob("*.log")):
+            print(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}")
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_a_kill_sent_by_the_server_reaches_the_runner_process_that_owns_the_session(cluster):
+    session, command = cluster.start_sleeper()
+    _, owner_pid = cluster.owner(session)
+    assert owner_pid in cluster.runners  # not the server: it has no runner of its own
+    status, body = cluster.call("POST", f"/api/v1/sessions/{session['id']}/kill")
+    assert status == 200 and body["state"] == "killed"
+    wait_until(lambda: cluster.command(session, command)["state"] == "killed", what="the command to die")
+    assert not cluster.sandbox_left(session)
+    assert cluster.runners[owner_pid].poll() is None  # the runner lives on
+
+
+def test_a_runner_killed_mid_command_leaves_its_session_failed_and_no_sandbox(cluster):
+    session, command = cluster.start_sleeper()
+    _, owner_pid = cluster.owner(session)
+    victim = cluster.runners.pop(owner_pid)
+    victim.kill()  # SIGKILL: no chance to clean up
+    victim.wait(10)
+    state = wait_until(lambda: cluster.call("GET", f"/api/v1/sessions/{session['id']}")[1]["state"] == "failed",
+                       what="the session to fail")
+    assert state
+    body = cluster.call("GET", f"/api/v1/sessions/{session['id']}")[1]
+    assert "stopped answering" in body["state_reason"]
+    assert cluster.command(session, command)["state"] == "failed", cluster.command(session, command)
+    wait_until(lambda: not cluster.sandbox_left(session), what="the sandbox to be reaped")
+    # The surviving runner takes the next session.
+    status, fresh = cluster.call("POST", "/api/v1/sessions", {"conversation_id": "after"})
+    assert status == 201 and cluster.owner(fresh)[1] in cluster.runners
