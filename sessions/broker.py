@@ -6,6 +6,7 @@ The decision is taken with the version the session pinned when it started: publi
 version changes what new sessions may do, never what a running one may."""
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import transaction
 
@@ -95,12 +96,15 @@ def command_propose(*, session: Session, request: dict, wait: bool) -> CommandRu
                "argv": list(evaluation.decision.argv), "stored_argv": command.argv, "cwd": command.cwd,
                "timeout_s": command.timeout_s, "tail_chars": limits["output_tail_chars"]}
     if wait:
-        reached = runner_call(session.runner_id, {**message, "wait": True},
-                              timeout_s=command.timeout_s + 30).get("error") != "runner_unreachable"
+        reply = runner_call(session.runner_id, {**message, "wait": True}, timeout_s=command.timeout_s + 30)
+        for field, value in (reply.get("command") or {}).items():  # as written: no need to read it back
+            setattr(command, field, datetime.fromisoformat(value) if field.endswith("_at") else value)
+        reached = reply.get("error") != "runner_unreachable"
     else:
         reached = runner_send(session.runner_id, message)
     if not reached:  # it will never run: say so rather than leave it queued
         services.command_fail_queued(command_id=command.pk, reason="runner unreachable")
+        command.refresh_from_db()
     return command
 
 

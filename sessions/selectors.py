@@ -5,6 +5,7 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
 from controlplane.models import Tenant
+from policies_app.models import DecisionRecord
 from sessions.models import ACTIVE_STATES, CommandRun, Session, hash_token
 
 
@@ -30,6 +31,12 @@ def session_search(tenant: Tenant, *, conversation_id: str = "", state: str = ""
 def session_by_token(token: str) -> Session | None:
     return (Session.objects.select_related("tenant", "policy_version__policy")
             .filter(token_hash=hash_token(token)).first())
+
+
+def session_decisions(session: Session) -> QuerySet[DecisionRecord]:
+    """Every decision taken in the session, refusals included, oldest first."""
+    return (DecisionRecord.objects.filter(tenant=session.tenant, session_id=session.pk)
+            .select_related("policy_version__policy").order_by("created_at"))
 
 
 def command_list(session: Session) -> QuerySet[CommandRun]:

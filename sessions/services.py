@@ -97,19 +97,22 @@ def command_queue(*, session: Session, argv: list[str], cwd: str, timeout_s: int
     return CommandRun.objects.create(session=session, argv=argv, cwd=cwd, timeout_s=timeout_s, decision=decision)
 
 
-def command_start(*, command_id) -> bool:
-    return bool(CommandRun.objects.filter(pk=command_id, state=CommandState.QUEUED)
-                .update(state=CommandState.RUNNING, started_at=timezone.now()))
+def command_start(*, command_id):
+    """Mark a queued command running; returns its start time, or None if it was no longer queued."""
+    now = timezone.now()
+    marked = CommandRun.objects.filter(pk=command_id, state=CommandState.QUEUED).update(
+        state=CommandState.RUNNING, started_at=now)
+    return now if marked else None
 
 
 def command_finish(*, command_id, exit_code: int | None, reason: str, output: str, truncated: bool,
-                   output_bytes: int, duration_ms: int) -> None:
-    state = COMMAND_STATE_BY_REASON.get(reason, CommandState.FAILED)
-    now = timezone.now()
-    CommandRun.objects.filter(pk=command_id).update(
-        state=state, exit_code=exit_code, reason=reason, output=output, truncated=truncated,
-        output_bytes=output_bytes, duration_ms=duration_ms, ended_at=now, started_at=Coalesce("started_at", now),
-    )
+                   output_bytes: int, duration_ms: int) -> dict:
+    """Record a command's end; returns the fields written (a waiting caller answers with them)."""
+    fields = {"state": COMMAND_STATE_BY_REASON.get(reason, CommandState.FAILED), "exit_code": exit_code,
+              "reason": reason, "output": output, "truncated": truncated, "output_bytes": output_bytes,
+              "duration_ms": duration_ms, "ended_at": timezone.now()}
+    CommandRun.objects.filter(pk=command_id).update(**fields, started_at=Coalesce("started_at", fields["ended_at"]))
+    return fields
 
 
 def command_fail_queued(*, command_id, reason: str) -> None:

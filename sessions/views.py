@@ -30,6 +30,7 @@ def session_detail(request, session_id):
     session = selectors.session_get(request.tenant, session_id)
     return render(request, "sessions/session_detail.html", {
         "section": "sessions", "session": session, "commands": selectors.command_list(session),
+        "decisions": selectors.session_decisions(session)[:500],
     })
 
 

@@ -140,7 +140,8 @@ def commands(request, session_id):
         command = broker.command_propose(session=session, request=serializer.request_for_policy(), wait=wait)
     except broker.BrokerError as exc:
         return _broker_error(exc)
-    command = command_get(session, command.pk)
+    if not command.finished and wait:  # the wait ran out, or the session ended meanwhile: as stored now
+        command = command_get(session, command.pk)
     code = status.HTTP_200_OK if command.finished else status.HTTP_202_ACCEPTED
     return Response(s.CommandSerializer(command).data, status=code)
 

@@ -267,8 +267,13 @@ class Runner:
             status = ExitStatus(exit_code=None, reason="failed", duration_ms=0)
         for stream, text in output.flush():
             self._emit_output(live, command_id, stream, text)
-        if await started:  # else it was cancelled meanwhile (its session ended): that state stays
-            await self.db(records.command_finish, command_id=command_id, status=status, output=output)
+        result = None
+        started_at = await started
+        if started_at is not None:  # else it was cancelled meanwhile (its session ended): that state stays
+            written = await self.db(records.command_finish, command_id=command_id, status=status, output=output)
+            # Plain values only: the reply may cross the channel layer (msgpack).
+            result = {**written, "state": str(written["state"]), "started_at": started_at.isoformat(),
+                      "ended_at": written["ended_at"].isoformat()}
         touch = asyncio.ensure_future(self.db(records.session_touch, session_id=live.id))
         self._inflight.add(touch)
         touch.add_done_callback(self._inflight.discard)
@@ -277,7 +282,7 @@ class Runner:
                          "truncated": output.tail.truncated})
         live.command_id, live.output, live.running_label = None, None, ""
         self._summary(live)
-        return {"ok": True}
+        return {"ok": True, "command": result}
 
     def _exec(self, live: LiveSession, command_id: str, plan: records.CommandPlan,
               output: CommandOutput) -> ExitStatus:

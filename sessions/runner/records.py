@@ -110,8 +110,8 @@ def command_plan(message: dict) -> CommandPlan:
 command_start = services.command_start
 
 
-def command_finish(*, command_id, status: ExitStatus, output: CommandOutput) -> None:
-    services.command_finish(
+def command_finish(*, command_id, status: ExitStatus, output: CommandOutput) -> dict:
+    return services.command_finish(
         command_id=command_id, exit_code=status.exit_code, reason=status.reason, output=output.tail.text,
         truncated=output.tail.truncated, output_bytes=status.output_bytes, duration_ms=status.duration_ms,
     )
