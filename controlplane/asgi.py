@@ -36,9 +36,19 @@ class EmbeddedRunner:
         return await self.app(scope, receive, send)
 
 
+from controlplane.api.handler import API_PREFIX, ApiHandler  # noqa: E402
+
+api_app = ApiHandler()
+
+
+async def http_app(scope, receive, send):
+    app = api_app if scope["path"].startswith(API_PREFIX) else django_asgi_app
+    return await app(scope, receive, send)
+
+
 application = EmbeddedRunner(ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 ))

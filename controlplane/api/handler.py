@@ -1,0 +1,31 @@
+"""The agent API's own ASGI handler: Django without the dashboard's middleware.
+
+Bearer-token requests need none of the session, CSRF, authentication or messages middleware,
+and under ASGI each synchronous middleware costs two hops to Django's one shared thread. This
+handler keeps what the API needs: the Host check against ALLOWED_HOSTS, and the security
+headers (nosniff, same-origin referrer, no framing). /api/docs and /api/schema stay on the
+dashboard's handler."""
+
+from asgiref.sync import markcoroutinefunction
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.exception import convert_exception_to_response
+
+API_PREFIX = "/api/v1/"
+HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY"}
+
+
+class ApiHandler(ASGIHandler):
+    def load_middleware(self, is_async=False):
+        super().load_middleware(is_async=is_async)
+        self._view_middleware, self._template_response_middleware, self._exception_middleware = [], [], []
+        inner = convert_exception_to_response(self._get_response_async)
+
+        async def chain(request):
+            request.get_host()  # DisallowedHost becomes a 400, as CommonMiddleware would make it
+            response = await inner(request)
+            for name, value in HEADERS.items():
+                response.headers.setdefault(name, value)
+            return response
+
+        markcoroutinefunction(chain)
+        self._middleware_chain = convert_exception_to_response(chain)
