@@ -99,9 +99,20 @@ def _store(tenant, version, kind, request, decision: Decision, eval_us: int, ses
     return DecisionRecord.objects.create(
         tenant=tenant, session_id=session_id, conversation_id=conversation_id, policy_version=version,
         mode=decision.mode, kind=kind, request=redact_data(request, secrets), allowed=decision.allowed,
+        subject=redact(subject_of(kind, request), secrets)[:255],
         effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
         message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us, **shadow,
     )
+
+
+def subject_of(kind: str, request: dict) -> str:
+    """The one value a decision is grouped by: program, path, or host:port."""
+    if not isinstance(request, dict):
+        return ""
+    if kind == "egress":
+        return f"{request.get('host', '')}:{request.get('port', '')}"
+    value = request.get("path" if kind == "file" else "bin", "")
+    return value if isinstance(value, str) else ""
 
 
 def record_payload(record: DecisionRecord) -> dict:

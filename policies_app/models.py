@@ -105,6 +105,9 @@ class DecisionRecord(models.Model):
     mode = models.CharField(max_length=10)
     kind = models.CharField(max_length=10, choices=KINDS, default="exec")
     request = models.JSONField()
+    # What was asked for, in one column for grouping: the program (exec), the path (file) or
+    # host:port (egress).
+    subject = models.CharField(max_length=255, blank=True)
     allowed = models.BooleanField()
     effect = models.CharField(max_length=12)
     reason_code = models.CharField(max_length=32, blank=True)
@@ -126,6 +129,7 @@ class DecisionRecord(models.Model):
             models.Index(fields=["tenant", "created_at"]),
             models.Index(fields=["tenant", "reason_code", "created_at"]),
             models.Index(fields=["tenant", "allowed", "created_at"]),
+            models.Index(fields=["tenant", "effect", "created_at"]),
             models.Index(fields=["session_id", "created_at"]),
         ]
 

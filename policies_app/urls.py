@@ -1,6 +1,6 @@
 from django.urls import path
 
-from policies_app import views
+from policies_app import denial_views, views
 
 urlpatterns = [
     path("policies/", views.policy_list, name="policies"),
@@ -12,5 +12,6 @@ urlpatterns = [
     path("policies/<slug:name>/v/<int:number>/publish", views.version_publish, name="policy-publish"),
     path("policies/<slug:name>/v/<int:number>/rollback", views.version_rollback, name="policy-rollback"),
     path("policies/<slug:name>/v/<int:number>/shadow", views.version_shadow, name="policy-shadow"),
-    path("denials/", views.denials, name="denials"),
+    path("denials/", denial_views.denials, name="denials"),
+    path("denials/<uuid:decision_id>/", denial_views.denial_detail, name="denial"),
 ]

@@ -169,8 +169,3 @@ def _publication(request, version, action, success: str):
     messages.success(request, success)
     return redirect("policy-version", tenant_slug=request.tenant.slug, name=version.policy.name,
                     number=version.number)
-
-
-@tenant_view("read")
-def denials(request):
-    return render(request, "policies_app/denials.html", {"section": "denials"})

@@ -19,3 +19,4 @@ vendor() {  # vendor <package@version> <destination> <files...>
 vendor swagger-ui-dist@5.35.0 swagger-ui LICENSE NOTICE swagger-ui-bundle.js \
   swagger-ui-bundle.js.LICENSE.txt swagger-ui.css swagger-ui-standalone-preset.js \
   swagger-ui-standalone-preset.js.LICENSE.txt
+vendor chart.js@4.6.1 chartjs LICENSE.md dist/chart.umd.min.js

@@ -72,6 +72,14 @@ class ReplaySerializer(serializers.Serializer):
     limit = serializers.IntegerField(min_value=1, max_value=20_000, default=10_000)
 
 
+class DenialParams(serializers.Serializer):
+    period = serializers.ChoiceField(choices=["1h", "24h", "7d", "30d"], required=False, help_text="default 24h")
+    reason = serializers.CharField(required=False, help_text="a reason code")
+    mode = serializers.ChoiceField(choices=["enforce", "audit"], required=False,
+                                   help_text="enforce: real denials (default); audit: would-be denials")
+    version = serializers.IntegerField(required=False, help_text="a policy version's id")
+
+
 class EvaluateSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["exec", "egress"], default="exec",
                                    help_text="exec: {bin, args, cwd?, timeout_s?}; egress: {host, port}")

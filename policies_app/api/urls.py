@@ -4,6 +4,7 @@ from policies_app.api import views
 
 urlpatterns = [
     path("policies", views.policies, name="api-policies"),
+    path("denials", views.denials, name="api-denials"),
     path("policy-schema", views.policy_schema, name="api-policy-schema"),
     path("policies/<slug:name>", views.policy_detail, name="api-policy"),
     path("policies/<slug:name>/versions", views.version_create, name="api-policy-versions"),

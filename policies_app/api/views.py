@@ -3,6 +3,7 @@ evaluate. Every object is found through the tenant-scoped selectors of the calli
 
 from dataclasses import asdict
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.decorators import api_view, permission_classes
@@ -12,6 +13,8 @@ from controlplane.api.permissions import HasScope
 from policies_app import selectors, services
 from policies_app.api import serializers as s
 from policies_app.decisions import compiled_version, decide, decision_payload, replay
+from policies_app.denials import DenialFilter
+from policies_app.denials import summary as denial_summary
 from policies_app.document import DocumentError, json_schema
 from policies_app.lint import lint
 
@@ -138,6 +141,22 @@ def policy_evaluate(request, name: str):
     evaluation = decide(tenant=_tenant(request), policy=policy, request=data["request"], version=version,
                         record=False, kind=data["kind"])
     return Response(decision_payload(evaluation.decision))
+
+
+@extend_schema(summary="Denial metrics: totals, counts over time, top reasons, rules, programs, argument "
+               "patterns, conversations and sessions", parameters=[s.DenialParams], responses=OpenApiTypes.OBJECT)
+@api_view(["GET"])
+@permission_classes(READ)
+def denials(request):
+    form = DenialFilter(request.query_params, tenant=_tenant(request))
+    if not form.is_valid():
+        return Response({"error": "invalid_request", "detail": "the filters are not valid", "fields": form.errors},
+                        status=status.HTTP_400_BAD_REQUEST)
+    summary = denial_summary(form.query())
+    summary["over_time"] = [{"at": bucket["at"].isoformat(), "count": bucket["count"]}
+                            for bucket in summary["over_time"]]
+    summary["since"], summary["until"] = summary["since"].isoformat(), summary["until"].isoformat()
+    return Response(summary)
 
 
 @extend_schema(summary="JSON Schema of the policy document")

@@ -1,0 +1,83 @@
+"""The Denials page: counts over time, by reason, rule, program, argument pattern,
+conversation and session; filters; drill-down to one decision; CSV and JSON export."""
+
+import csv
+import json
+
+from django.http import Http404, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, render
+
+from controlplane.decorators import tenant_view
+from policies_app import denials as metrics
+from policies_app.models import DecisionRecord, PolicyVersion
+
+
+@tenant_view("read")
+def denials(request):
+    form = metrics.DenialFilter(request.GET or None, tenant=request.tenant)
+    if request.GET and not form.is_valid():
+        return render(request, "policies_app/denials.html", {"section": "denials", "form": form}, status=400)
+    if not request.GET:
+        form = metrics.DenialFilter({}, tenant=request.tenant)
+        form.is_valid()
+    query = form.query()
+    export = request.GET.get("format")
+    if export in {"csv", "json"}:
+        return _export(query, export, request.tenant.slug)
+    summary = metrics.summary(query)
+    recent = query.records().select_related("policy_version__policy").order_by("-created_at")[:50]
+    chart = {"labels": [b["at"].strftime("%m-%d %H:00" if query.hourly else "%Y-%m-%d") for b in summary["over_time"]],
+             "counts": [b["count"] for b in summary["over_time"]], "unit": "hour" if query.hourly else "day"}
+    versions = PolicyVersion.objects.filter(policy__tenant=request.tenant).select_related("policy").order_by(
+        "policy__name", "-number")
+    return render(request, "policies_app/denials.html", {
+        "section": "denials", "form": form, "summary": summary, "recent": recent, "chart": chart,
+        "versions": versions, "query_string": request.GET.urlencode(),
+    })
+
+
+def _export(query: metrics.DenialQuery, kind: str, tenant_slug: str) -> StreamingHttpResponse:
+    rows = metrics.export_rows(query)
+    if kind == "csv":
+        response = StreamingHttpResponse(_csv_lines(rows), content_type="text/csv; charset=utf-8")
+    else:
+        response = StreamingHttpResponse(_json_chunks(rows), content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="denials-{tenant_slug}.{kind}"'
+    return response
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def _csv_lines(rows):
+    writer = csv.DictWriter(_Echo(), fieldnames=metrics.EXPORT_FIELDS)
+    yield writer.writeheader()
+    for row in rows:
+        # A cell starting with = + - @ would be a formula to a spreadsheet: quote it as text.
+        yield writer.writerow({key: _spreadsheet_safe(value) for key, value in row.items()})
+
+
+def _spreadsheet_safe(value):
+    if isinstance(value, list):
+        value = " ".join(map(str, value))
+    if isinstance(value, str) and value[:1] in {"=", "+", "-", "@", "\t", "\r"}:
+        return "'" + value
+    return value
+
+
+def _json_chunks(rows):
+    yield "["
+    for index, row in enumerate(rows):
+        yield ("," if index else "") + json.dumps(row)
+    yield "]"
+
+
+@tenant_view("read")
+def denial_detail(request, decision_id):
+    record = get_object_or_404(DecisionRecord.objects.select_related("policy_version__policy"),
+                               pk=decision_id, tenant=request.tenant)
+    if record.allowed and record.effect == "allow":
+        raise Http404("not a denial")
+    return render(request, "policies_app/denial_detail.html", {"section": "denials", "record": record})

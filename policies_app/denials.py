@@ -1,0 +1,157 @@
+"""Denial metrics: what was refused, when, why, by which rule, for which program, conversation
+and session. Every query is scoped to one tenant and one period. Real denials (effect `deny`)
+and audit mode's would-be denials (`audit_deny`, allowed anyway) are never mixed: the mode
+filter picks one or the other."""
+
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from django import forms
+from django.db.models import Count, QuerySet
+from django.db.models.functions import TruncDay, TruncHour
+from django.utils import timezone
+
+from controlplane.models import Tenant
+from policies_app.document import ReasonCode
+from policies_app.models import DecisionRecord, PolicyVersion
+
+PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+MODES = {"enforce": "deny", "audit": "audit_deny"}
+DIMENSIONS = {"reason": "reason_code", "rule": "rule_id", "subject": "subject", "conversation": "conversation_id",
+              "session": "session_id"}
+TOP = 10
+PATTERN_SAMPLE = 5000  # argument patterns are computed over the newest denials of the period
+
+
+class DenialFilter(forms.Form):
+    period = forms.ChoiceField(choices=[(p, p) for p in PERIODS], required=False)
+    reason = forms.ChoiceField(choices=[("", "any reason")] + [(r, r) for r in ReasonCode.__args__], required=False)
+    mode = forms.ChoiceField(choices=[("enforce", "denied (enforce)"), ("audit", "would be denied (audit)")],
+                             required=False)
+    version = forms.IntegerField(required=False, min_value=1)
+
+    def __init__(self, *args, tenant: Tenant, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tenant = tenant
+
+    def clean_version(self):
+        version_id = self.cleaned_data.get("version")
+        if version_id and not PolicyVersion.objects.filter(pk=version_id, policy__tenant=self.tenant).exists():
+            raise forms.ValidationError("no such policy version in this tenant")
+        return version_id
+
+    def query(self, *, now: datetime | None = None) -> "DenialQuery":
+        data = self.cleaned_data
+        until = now or timezone.now()
+        return DenialQuery(tenant=self.tenant, since=until - PERIODS[data.get("period") or "24h"], until=until,
+                           effect=MODES[data.get("mode") or "enforce"], reason=data.get("reason") or "",
+                           version_id=data.get("version"))
+
+
+@dataclass(frozen=True)
+class DenialQuery:
+    tenant: Tenant
+    since: datetime
+    until: datetime
+    effect: str = "deny"
+    reason: str = ""
+    version_id: int | None = None
+
+    def records(self) -> QuerySet[DecisionRecord]:
+        records = DecisionRecord.objects.filter(tenant=self.tenant, effect=self.effect, created_at__gte=self.since,
+                                                created_at__lt=self.until)
+        if self.reason:
+            records = records.filter(reason_code=self.reason)
+        if self.version_id:
+            records = records.filter(policy_version_id=self.version_id)
+        return records
+
+    @property
+    def hourly(self) -> bool:
+        return self.until - self.since <= timedelta(hours=48)
+
+
+def over_time(query: DenialQuery) -> list[dict]:
+    """Counts per hour (periods up to 48 h) or per day, every bucket present, zeros included."""
+    trunc, step = (TruncHour, timedelta(hours=1)) if query.hourly else (TruncDay, timedelta(days=1))
+    rows = (query.records().annotate(bucket=trunc("created_at")).values("bucket").annotate(n=Count("id"))
+            .order_by("bucket"))
+    counts = {row["bucket"]: row["n"] for row in rows}
+    start = query.since.replace(minute=0, second=0, microsecond=0)
+    if not query.hourly:
+        start = start.replace(hour=0)
+    buckets, at = [], start
+    while at < query.until:
+        buckets.append({"at": at, "count": counts.get(at, 0)})
+        at += step
+    return buckets
+
+
+def top(query: DenialQuery, dimension: str, limit: int = TOP) -> list[dict]:
+    field = DIMENSIONS[dimension]
+    rows = (query.records().exclude(**{f"{field}__isnull": True}).values(field).annotate(n=Count("id"))
+            .order_by("-n", field)[:limit])
+    return [{"value": str(row[field]) if row[field] is not None else "", "count": row["n"]} for row in rows]
+
+
+_NUMBER = re.compile(r"^\d+$")
+
+
+def argument_pattern(request: dict) -> str:
+    """A denied request's shape: its program with each argument reduced to what kind it is, so
+    that `pytest tests/a.py` and `pytest tests/b.py` group together."""
+    if not isinstance(request, dict):
+        return ""
+    shapes = []
+    for arg in request.get("args") or []:
+        if not isinstance(arg, str):
+            continue
+        if arg.startswith("-"):
+            shapes.append(arg.split("=", 1)[0] + ("=…" if "=" in arg else ""))
+        elif _NUMBER.match(arg):
+            shapes.append("<n>")
+        elif "/" in arg or "." in arg:
+            shapes.append("<path>")
+        else:
+            shapes.append("<arg>")
+    return " ".join([str(request.get("bin", "")), *shapes]).strip()
+
+
+def argument_patterns(query: DenialQuery, limit: int = TOP) -> list[dict]:
+    requests = query.records().filter(kind="exec").order_by("-created_at").values_list("request", flat=True)
+    counts = Counter(argument_pattern(request) for request in requests[:PATTERN_SAMPLE])
+    return [{"value": pattern, "count": n} for pattern, n in counts.most_common(limit)]
+
+
+def summary(query: DenialQuery) -> dict:
+    """Everything the Denials page and its API show for one query."""
+    apart = "audit_deny" if query.effect == "deny" else "deny"
+    return {
+        "since": query.since, "until": query.until, "mode": "audit" if query.effect == "audit_deny" else "enforce",
+        "total": query.records().count(),
+        "other_mode_total": replace(query, effect=apart).records().count(),
+        "over_time": over_time(query),
+        "by": {dimension: top(query, dimension) for dimension in DIMENSIONS},
+        "argument_patterns": argument_patterns(query),
+    }
+
+
+EXPORT_FIELDS = ["id", "created_at", "kind", "subject", "args", "effect", "mode", "reason_code", "rule_id", "policy",
+                 "version", "conversation_id", "session_id", "message", "hint"]
+
+
+def export_rows(query: DenialQuery):
+    """Every denial of the query, oldest first, as flat rows (the request as stored: redacted)."""
+    records = query.records().select_related("policy_version__policy").order_by("created_at")
+    for record in records.iterator(chunk_size=2000):
+        version = record.policy_version
+        yield {
+            "id": str(record.id), "created_at": record.created_at.isoformat(), "kind": record.kind,
+            "subject": record.subject, "args": (record.request or {}).get("args", []) if record.kind == "exec" else [],
+            "effect": record.effect, "mode": record.mode, "reason_code": record.reason_code, "rule_id": record.rule_id,
+            "policy": version.policy.name if version else "", "version": version.number if version else None,
+            "conversation_id": record.conversation_id, "session_id": str(record.session_id or ""),
+            "message": record.message, "hint": record.hint,
+        }

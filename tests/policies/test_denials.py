@@ -1,0 +1,135 @@
+"""Denial metrics against hand-counted fixtures: every aggregate, the filters, export, scoping."""
+
+import csv
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.models import ApiKeyScope
+from policies_app import services
+from policies_app.decisions import decide
+from policies_app.denials import DenialQuery, argument_pattern, summary
+from policies_app.models import DecisionRecord
+
+ENFORCED = "commands:\n  - {id: pytest, bin: pytest, deny_args: ['^-c']}\n"
+AUDITED = "mode: audit\ncommands:\n  - {id: pytest, bin: pytest}\n"
+
+
+def publish(tenant, name: str, source: str):
+    policy = services.policy_create(tenant=tenant, name=name, actor=None)
+    version = services.version_create(policy=policy, source=source, actor=None)
+    services.version_publish(version=version, actor=None, note="test")
+    return policy
+
+
+def record(tenant, policy, request: dict, *, ago: timedelta, conversation: str = ""):
+    evaluation = decide(tenant=tenant, policy=policy, request=request, conversation_id=conversation)
+    DecisionRecord.objects.filter(pk=evaluation.record.pk).update(created_at=timezone.now() - ago)
+    return evaluation.record
+
+
+@pytest.fixture
+def traffic(acme, globex):
+    """acme, last 24 h: 3 x `make test` (bin_not_allowed, conv-a), 2 x `pytest -c x` (arg_denied,
+    conv-b), 1 allowed; 3 days ago: 1 x `make`; audit mode: 2 would-be denials. globex: 4."""
+    enforced, audited = publish(acme, "default", ENFORCED), publish(acme, "audited", AUDITED)
+    for _ in range(3):
+        record(acme, enforced, {"bin": "make", "args": ["test"]}, ago=timedelta(hours=1), conversation="conv-a")
+    for _ in range(2):
+        record(acme, enforced, {"bin": "pytest", "args": ["-c", "x"]}, ago=timedelta(hours=2), conversation="conv-b")
+    record(acme, enforced, {"bin": "pytest", "args": ["tests/"]}, ago=timedelta(hours=1))
+    record(acme, enforced, {"bin": "make", "args": []}, ago=timedelta(days=3))
+    for _ in range(2):
+        record(acme, audited, {"bin": "bash", "args": ["-c", "id"]}, ago=timedelta(minutes=5), conversation="conv-c")
+    other = publish(globex, "default", ENFORCED)
+    for _ in range(4):
+        record(globex, other, {"bin": "make", "args": ["test"]}, ago=timedelta(minutes=1), conversation="conv-a")
+
+
+def query(tenant, **kwargs) -> DenialQuery:
+    now = timezone.now()
+    period = kwargs.pop("period", timedelta(hours=24))
+    return DenialQuery(tenant=tenant, since=now - period, until=now + timedelta(seconds=1), **kwargs)
+
+
+def counts(rows) -> dict:
+    return {row["value"]: row["count"] for row in rows}
+
+
+def test_every_aggregate_matches_the_hand_count(acme, traffic):
+    result = summary(query(acme))
+    assert result["total"] == 5
+    assert result["other_mode_total"] == 2  # audit mode's would-be denials, kept apart
+    assert counts(result["by"]["reason"]) == {"bin_not_allowed": 3, "arg_denied": 2}
+    assert counts(result["by"]["rule"]) == {"": 3, "pytest": 2}
+    assert counts(result["by"]["subject"]) == {"make": 3, "pytest": 2}
+    assert counts(result["by"]["conversation"]) == {"conv-a": 3, "conv-b": 2}
+    assert counts(result["argument_patterns"]) == {"make <arg>": 3, "pytest -c <arg>": 2}
+    buckets = result["over_time"]
+    assert len(buckets) in {24, 25} and sum(b["count"] for b in buckets) == 5
+    assert [b["count"] for b in buckets if b["count"]] == [2, 3]  # two hours ago, then one hour ago
+
+
+def test_the_period_reason_and_mode_filters(acme, traffic):
+    week = summary(query(acme, period=timedelta(days=7)))
+    assert week["total"] == 6 and len(week["over_time"]) in {7, 8}
+    assert query(acme, reason="arg_denied").records().count() == 2
+    audit = summary(query(acme, effect="audit_deny"))
+    assert audit["total"] == 2 and audit["other_mode_total"] == 5
+    assert counts(audit["by"]["subject"]) == {"bash": 2}
+
+
+def test_a_version_filter_counts_only_that_version(acme, traffic):
+    version = acme.policies.get(name="default").published_version()
+    assert query(acme, version_id=version.pk).records().count() == 5
+
+
+def test_argument_patterns_group_requests_of_the_same_shape():
+    assert argument_pattern({"bin": "pytest", "args": ["tests/a.py", "-k", "slow", "--maxfail=3"]}) == \
+        "pytest <path> -k <arg> --maxfail=…"
+    assert argument_pattern({"bin": "sleep", "args": ["600"]}) == "sleep <n>"
+
+
+def test_the_denials_page_shows_the_figures_and_a_chart(acme, bob, client_for, traffic):
+    page = client_for(bob).get("/t/acme/denials/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'data-testid="denial-total">5<' in html
+    assert '<canvas id="denials-chart"' in html and "vendor/chartjs/chart.umd.min.js" in html
+    assert "bin_not_allowed" in html and "conv-a" in html
+    assert client_for(bob).get("/t/acme/denials/?period=forever").status_code == 400
+
+
+def test_a_denial_opens_with_its_request_and_explanation(acme, bob, client_for, traffic):
+    denial = DecisionRecord.objects.filter(tenant=acme, reason_code="arg_denied").first()
+    page = client_for(bob).get(f"/t/acme/denials/{denial.pk}/").content.decode()
+    assert "matches `^-c`" in page and "drop `-c`" in page
+
+
+def test_exports_hold_the_periods_denials_as_csv_and_json(acme, bob, client_for, traffic):
+    response = client_for(bob).get("/t/acme/denials/?period=24h&format=csv")
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert len(rows) == 5 and {row["subject"] for row in rows} == {"make", "pytest"}
+    assert {row["args"] for row in rows if row["subject"] == "pytest"} == {"'-c x"}  # no spreadsheet formula
+    response = client_for(bob).get("/t/acme/denials/?mode=audit&format=json")
+    data = json.loads(b"".join(response.streaming_content))
+    assert len(data) == 2 and data[0]["effect"] == "audit_deny"
+
+
+def test_denials_never_cross_tenants(acme, charlie, client_for, traffic, make_key, api, globex):
+    assert client_for(charlie).get("/t/acme/denials/").status_code == 404
+    denial = DecisionRecord.objects.filter(tenant=acme, allowed=False).first()
+    assert client_for(charlie).get(f"/t/globex/denials/{denial.pk}/").status_code == 404
+    body = api(make_key(globex, scopes=[ApiKeyScope.POLICIES_READ]).key).get("/api/v1/denials").json()
+    assert body["total"] == 4 and counts(body["by"]["conversation"]) == {"conv-a": 4}
+
+
+def test_the_api_serves_the_same_summary(acme, traffic, make_key, api):
+    client = api(make_key(acme, scopes=[ApiKeyScope.POLICIES_READ]).key)
+    body = client.get("/api/v1/denials?period=7d").json()
+    assert body["total"] == 6 and body["mode"] == "enforce"
+    bad = client.get("/api/v1/denials?period=forever")
+    assert bad.status_code == 400 and "period" in bad.json()["fields"]
