@@ -17,10 +17,21 @@ except ImproperlyConfigured as exc:
 
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
+from channels.security.websocket import OriginValidator
+from django.conf import settings
 
 from controlplane.routing import websocket_urlpatterns
 from sessions.runner import ensure_embedded_runner
+
+
+class BrowserOriginValidator(OriginValidator):
+    """A browser always sends Origin with a WebSocket handshake: it must be one of
+    ALLOWED_HOSTS (a page elsewhere cannot ride the user's cookie). A client without Origin is
+    not a browser (an agent's WebSocket library) and carries no ambient cookie to abuse: it is
+    let through, and the consumer still demands a session token or a signed-in member."""
+
+    def valid_origin(self, parsed_origin) -> bool:
+        return parsed_origin is None or self.validate_origin(parsed_origin)
 
 
 class EmbeddedRunner:
@@ -49,6 +60,7 @@ async def http_app(scope, receive, send):
 application = EmbeddedRunner(ProtocolTypeRouter(
     {
         "http": http_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+                                            settings.ALLOWED_HOSTS),
     }
 ))

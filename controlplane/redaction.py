@@ -16,6 +16,7 @@ CREDENTIAL_SHAPES = [
     r"\bAIza[0-9A-Za-z_-]{35}\b",  # Google API keys
     r"\bsk-[A-Za-z0-9_-]{20,}\b",  # OpenAI-style secret keys
     r"\balk_[0-9a-f]{8}_[A-Za-z0-9_-]{20,}",  # Airlock's own API keys
+    r"\bast_[A-Za-z0-9_-]{30,}",  # Airlock's session tokens
     r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b",  # JWTs
     r"(?i:bearer|basic)\s+[A-Za-z0-9._~+/=-]{12,}",  # bearer tokens, basic credentials
     r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",  # credentials in URLs

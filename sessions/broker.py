@@ -112,8 +112,9 @@ def _payload(evaluation: Evaluation) -> dict:
     return record_payload(evaluation.record)
 
 
-def session_stop(*, session: Session, state: str, actor, reason: str) -> Session:
-    """End (`ended`) or kill (`killed`) a session and have its runner destroy the sandbox."""
+def session_stop(*, session: Session, state: str, actor, reason: str, wait: bool = True) -> Session:
+    """End (`ended`) or kill (`killed`) a session and have its runner destroy the sandbox;
+    `wait` for it (the API), or only tell it (the dashboard's one request thread)."""
     if state == SessionState.KILLED:
         moved = services.session_kill(session=session, actor=actor, reason=reason)
     else:
@@ -121,7 +122,10 @@ def session_stop(*, session: Session, state: str, actor, reason: str) -> Session
     if not moved:
         session.refresh_from_db()
         raise BrokerError("session_not_active", f"the session is already {session.state}", 409)
-    release(session)
+    if wait:
+        release(session)
+    elif session.runner_id:
+        runner_send(session.runner_id, {"type": "session.release", "session": str(session.pk)})
     session.refresh_from_db()
     return session
 

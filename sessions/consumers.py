@@ -15,6 +15,7 @@ import asyncio
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils import timezone
 
 from controlplane.models import Membership
 from sessions.models import Session, runner_channel, session_group, tenant_group
@@ -43,6 +44,8 @@ def _session_for_user(user, session_id) -> Session | None:
 def _session_for_token(token: str, session_id) -> Session | None:
     session = session_by_token(token) if token.startswith("ast_") else None
     if session is None or str(session.pk) != str(session_id) or not session.is_active:
+        return None
+    if session.expires_at <= timezone.now():
         return None
     return session
 

@@ -40,8 +40,8 @@ def session_kill(request, session_id):
     session = selectors.session_get(request.tenant, session_id)
     try:
         broker.session_stop(session=session, state=SessionState.KILLED, actor=request.user,
-                            reason=f"killed by {request.user.get_username()}")
-        messages.success(request, "The session was killed; its sandbox is destroyed.")
+                            reason=f"killed by {request.user.get_username()}", wait=False)
+        messages.success(request, "The session was killed; its runner is destroying the sandbox.")
     except broker.BrokerError as exc:
         messages.error(request, exc.detail)
     return redirect("session", request.tenant.slug, session.pk)

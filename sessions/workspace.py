@@ -127,7 +127,7 @@ def file_get(driver: Driver, sandbox: Sandbox, path: str, *, max_bytes: int) -> 
 EXCLUDED = (
     ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.keystore", "id_rsa*", "id_dsa*",
     "id_ecdsa*", "id_ed25519*", ".netrc", ".npmrc", ".pypirc", ".git-credentials", ".dockercfg", "credentials",
-    "credentials.*", "*.tfstate", "*.tfvars", "secrets.*",
+    "credentials.*", "*.tfstate", "*.tfvars", "secrets", "secrets.*",
 )
 EXCLUDED_DIRS = (".git", ".ssh", ".aws", ".gnupg", ".docker", ".kube")
 
@@ -144,10 +144,12 @@ def allowed_repositories() -> dict[str, str]:
 
 
 def excluded(path: str) -> bool:
-    parts = path.split("/")
+    """Case-insensitive; a directory named like a secret (`credentials/`, `secrets/`) excludes
+    everything under it."""
+    parts = path.lower().split("/")
     if any(part in EXCLUDED_DIRS for part in parts[:-1]):
         return True
-    return any(fnmatch.fnmatch(parts[-1], pattern) for pattern in EXCLUDED)
+    return any(fnmatch.fnmatchcase(part, pattern) for part in parts for pattern in EXCLUDED)
 
 
 def repository_archive(path: str, *, ref: str = "HEAD") -> Checkout:

@@ -2,6 +2,7 @@
 It reaches that session only, and only while it is active: ending, killing or expiring the
 session revokes it."""
 
+from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 
@@ -34,6 +35,8 @@ class SessionTokenAuthentication(BaseAuthentication):
         if not session.is_active:
             raise exceptions.AuthenticationFailed(
                 f"the session token was revoked when the session became {session.state}", code="session_ended")
+        if session.expires_at <= timezone.now():  # even before a runner has marked it expired
+            raise exceptions.AuthenticationFailed("the session's time to live ran out", code="session_ended")
         return SessionPrincipal(session), f"session:{session.pk}"
 
     def authenticate_header(self, request) -> str:

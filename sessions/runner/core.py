@@ -40,6 +40,14 @@ REAPED_DRIVERS = {"bubblewrap", "docker", "gvisor"}
 OUTBOX_CHARS = 8 * 2**20  # past this much unsent output, new output is dropped (subscribers see `lagged`)
 
 
+def _answer_queued(live: "LiveSession") -> None:
+    """Answer every queued job `session_not_active` (a caller may be waiting for it)."""
+    while not live.jobs.empty():
+        _, done = live.jobs.get_nowait()
+        if done is not None and not done.done():
+            done.set_result({"ok": False, "error": "session_not_active", "detail": "the session ended"})
+
+
 def _close_connections_and_shutdown(executor: ThreadPoolExecutor) -> None:
     """Each worker thread closes its own database connections (they are per thread), then the
     pool ends. The barrier makes every worker take exactly one of the closing tasks."""
@@ -80,6 +88,7 @@ class LiveSession:
     seq: int = 0
     releasing: asyncio.Task | None = None
     stats: Stats | None = None
+    snapshot_seq: int = -1
 
 
 class Runner:
@@ -107,9 +116,10 @@ class Runner:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         await self._register()
-        await self.db(records.runners_declare_dead, local_pids_gone=True)
+        await self.db(records.runners_declare_dead, local_pids_gone=True, exclude=self.id)
         await self.reap()
-        self._tasks = [asyncio.create_task(coro) for coro in (self._listen(), self._housekeep(), self._publish())]
+        self._tasks = [asyncio.create_task(coro) for coro in (self._listen(), self._beat(), self._housekeep(),
+                                                              self._publish())]
         log.info("runner %s started (%s)", self.id, "embedded" if self.embedded else "separate")
 
     async def _register(self) -> None:
@@ -140,9 +150,7 @@ class Runner:
                 log.exception("runner %s could not receive; retrying in 1 s", self.id)
                 await asyncio.sleep(1)
                 continue
-            task = asyncio.create_task(self._dispatch(message))
-            self._inflight.add(task)  # the loop keeps only weak references to tasks
-            task.add_done_callback(self._inflight.discard)
+            self._spawn(self._dispatch(message))
 
     async def _dispatch(self, message: dict) -> None:
         result = await self.handle(message)
@@ -183,15 +191,21 @@ class Runner:
             await self.db(records.session_finish, session_id=session_id, state=SessionState.FAILED, reason=detail)
             await self.release(session_id)
             return {"ok": False, "error": "sandbox_unavailable", "detail": detail}
-        if not await self.db(records.session_ready, session_id=session_id, rootfs_digest=live.sandbox.rootfs_digest):
-            await self.release(session_id)  # killed or ended while it was being created
+        released_meanwhile = live.releasing is not None or self.live.get(session_id) is not live
+        if released_meanwhile or not await self.db(records.session_ready, session_id=session_id,
+                                                   rootfs_digest=live.sandbox.rootfs_digest):
+            # Killed or ended while it was being created: its release may have run before the
+            # sandbox existed, so destroy it here.
+            await self.blocking(live.driver.destroy, live.sandbox)
+            if self.live.get(session_id) is live:
+                del self.live[session_id]
             return {"ok": False, "error": "session_not_active", "detail": "the session ended while it was created"}
         live.worker = asyncio.create_task(self._work(live))
         return {"ok": True}
 
     def _enqueue(self, session_id: str, job) -> asyncio.Future | None:
         live = self.live.get(session_id)
-        if live is None or live.worker is None:
+        if live is None or live.worker is None or live.releasing is not None:
             return None
         done = self.loop.create_future()
         live.jobs.put_nowait((job, done))
@@ -235,6 +249,7 @@ class Runner:
         live = self.live.get(message["session"])
         if live is None or live.command_id is None or live.output is None:
             return {"ok": True, "command": None, "output": "", "seq": live.seq if live else 0}
+        live.snapshot_seq = live.seq  # the publisher does not merge events across this point
         return {"ok": True, "command": live.command_id, "output": live.output.tail.text, "seq": live.seq}
 
     # -- a session's worker ----------------------------------------------------------------
@@ -262,9 +277,10 @@ class Runner:
         self._summary(live)
         try:
             status = await self.blocking(self._exec, live, command_id, plan, output)
-        except (SandboxError, OSError) as exc:
+        except Exception as exc:  # a driver failure ends the command `failed`, never `running` forever
             log.warning("command %s of session %s could not run: %s", command_id, live.id, exc)
-            status = ExitStatus(exit_code=None, reason="failed", duration_ms=0)
+            status = None
+        status = status or ExitStatus(exit_code=None, reason="failed", duration_ms=0)
         for stream, text in output.flush():
             self._emit_output(live, command_id, stream, text)
         result = None
@@ -274,9 +290,7 @@ class Runner:
             # Plain values only: the reply may cross the channel layer (msgpack).
             result = {**written, "state": str(written["state"]), "started_at": started_at.isoformat(),
                       "ended_at": written["ended_at"].isoformat()}
-        touch = asyncio.ensure_future(self.db(records.session_touch, session_id=live.id))
-        self._inflight.add(touch)
-        touch.add_done_callback(self._inflight.discard)
+        self._spawn(self.db(records.session_touch, session_id=live.id))
         self.emit(live, {"event": "command.exited", "command": command_id, "exit_code": status.exit_code,
                          "reason": status.reason, "duration_ms": status.duration_ms,
                          "truncated": output.tail.truncated})
@@ -290,7 +304,7 @@ class Runner:
         status = None
         for item in live.driver.exec(live.sandbox, plan.argv, cwd=plan.cwd, timeout_s=plan.timeout_s):
             if isinstance(item, Chunk):
-                text = output.feed(item.stream, item.data)
+                text = output.feed(item.stream, item.data)  # redacted here; kept in the tail on the loop
                 if text:
                     self.loop.call_soon_threadsafe(self._emit_output, live, command_id, item.stream, text)
             elif isinstance(item, ExitStatus):
@@ -301,8 +315,8 @@ class Runner:
         if live.sandbox is None:
             return
         try:
-            stats = await self.blocking(live.driver.stats, live.sandbox)
-        except Exception:  # figures are best effort; the sandbox may be going away
+            stats = await asyncio.wait_for(self.blocking(live.driver.stats, live.sandbox), timeout=5)
+        except Exception:  # figures are best effort; the sandbox may be going away, or slow to answer
             return
         await self.db(records.session_stats, session_id=live.id, stats=stats)
         live.stats = stats
@@ -319,22 +333,28 @@ class Runner:
         await asyncio.shield(live.releasing)
 
     async def _release_now(self, live: LiveSession) -> None:
-        session_id = live.id
-        while not live.jobs.empty():
-            _, done = live.jobs.get_nowait()
-            if done is not None and not done.done():
-                done.set_result({"ok": False, "error": "session_not_active", "detail": "the session ended"})
-        live.jobs.put_nowait((None, None))
-        if live.sandbox is not None:
-            await self.blocking(live.driver.kill, live.sandbox)
-        if live.worker is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(live.worker), timeout=30)
-            except TimeoutError:
-                log.error("session %s: its worker did not stop within 30 s", session_id)
-        if live.sandbox is not None:
-            await self.blocking(self._destroy, live)
-        self.live.pop(session_id, None)
+        """No job is accepted once this starts (`live.releasing` is set). The running command is
+        killed, and killed again until the worker stops: a command whose start raced the first
+        kill dies too. Whatever fails, the session leaves `self.live`; a sandbox that could not
+        be destroyed is left to the reaper (its session has ended)."""
+        try:
+            _answer_queued(live)
+            live.jobs.put_nowait((None, None))
+            deadline = time.monotonic() + 30
+            while live.worker is not None and not live.worker.done() and time.monotonic() < deadline:
+                if live.sandbox is not None:
+                    await self.blocking(live.driver.kill, live.sandbox)
+                await asyncio.wait([live.worker], timeout=0.5)
+            if live.worker is not None and not live.worker.done():
+                log.error("session %s: its worker did not stop within 30 s", live.id)
+            _answer_queued(live)
+            if live.sandbox is not None:
+                await self.blocking(self._destroy, live)
+        except Exception:
+            log.exception("session %s could not be released; the reaper will destroy its sandbox", live.id)
+        finally:
+            if self.live.get(live.id) is live:
+                del self.live[live.id]
 
     def _destroy(self, live: LiveSession) -> None:
         live.driver.destroy(live.sandbox)
@@ -343,6 +363,8 @@ class Runner:
 
     # -- events ----------------------------------------------------------------------------
     def _emit_output(self, live: LiveSession, command_id: str, stream: str, text: str) -> None:
+        if live.output is not None:
+            live.output.keep(text)  # the stored tail has it even when the stream drops it
         if self._outbox_chars + len(text) > OUTBOX_CHARS:
             live.seq += 1  # dropped: the gap in sequence numbers tells subscribers they lagged
             return
@@ -372,9 +394,11 @@ class Runner:
                 self._outbox_chars -= len(event.get("data", ""))
                 while event["event"] == "command.output" and self._outbox and len(event["data"]) < MERGE_CHARS:
                     next_group, following = self._outbox[0]
+                    live = self.live.get(event["session"])
                     if (next_group != group or following["event"] != "command.output"
                             or following["command"] != event["command"] or following["stream"] != event["stream"]
-                            or following["seq"] != event["seq"] + 1):
+                            or following["seq"] != event["seq"] + 1
+                            or (live is not None and live.snapshot_seq == event["seq"])):
                         break
                     self._outbox.popleft()
                     self._outbox_chars -= len(following["data"])
@@ -385,6 +409,27 @@ class Runner:
                     log.exception("could not publish an event to %s", group)
 
     # -- housekeeping ----------------------------------------------------------------------
+    def _spawn(self, awaitable) -> asyncio.Future:
+        task = asyncio.ensure_future(awaitable)
+        self._inflight.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._inflight.discard)
+        return task
+
+    async def _beat(self) -> None:
+        """The heartbeat, alone in its task: nothing slow can delay it past the dead-after limit."""
+        while True:
+            await asyncio.sleep(settings.AIRLOCK_RUNNER_HEARTBEAT_S)
+            try:
+                alive = await self.db(records.runner_heartbeat, runner_id=self.id)
+            except Exception:
+                log.exception("runner %s could not beat", self.id)
+                continue
+            if not alive:  # declared dead meanwhile (paused too long): its sessions have failed
+                log.error("runner %s was declared dead; releasing its sessions", self.id)
+                for session_id in list(self.live):
+                    self._spawn(self.release(session_id))
+                await self._register()
+
     async def _housekeep(self) -> None:
         while True:
             await asyncio.sleep(settings.AIRLOCK_RUNNER_HEARTBEAT_S)
@@ -394,37 +439,33 @@ class Runner:
                 log.exception("runner %s housekeeping failed", self.id)
 
     async def housekeep_once(self) -> None:
-        """Heartbeat; expire this runner's sessions past their TTL or idle; record their CPU,
-        memory and disk figures; declare runners that stopped beating dead (their sessions
-        fail); reap orphans now and then."""
-        alive = await self.db(records.runner_heartbeat, runner_id=self.id)
-        if not alive:  # declared dead by another runner (we were paused too long): our sessions failed
-            for session_id in list(self.live):
-                await self.release(session_id)
-            await self._register()
+        """Expire this runner's sessions past their TTL or idle; release those another process
+        ended; record CPU, memory and disk figures; declare runners that stopped beating dead
+        (their sessions fail); reap orphans now and then. Releases run in their own tasks."""
         busy = {live.id for live in self.live.values() if live.command_id is not None or not live.jobs.empty()}
-        for session_id in await self.db(records.sessions_expire, runner_id=self.id, busy=busy):
-            await self.release(session_id)
-        for session_id in list(self.live):
-            if not await self.db(records.session_is_active, session_id=session_id):
-                await self.release(session_id)  # ended by another process whose message did not reach us
-        for live in list(self.live.values()):
-            await self._record_stats(live)
-        dead = await self.db(records.runners_declare_dead, local_pids_gone=False)
+        ended = await self.db(records.sessions_expire, runner_id=self.id, busy=busy)
+        ended += await self.db(records.inactive_among, session_ids=list(self.live))
+        releases = [self._spawn(self.release(session_id)) for session_id in set(ended)]
+        await asyncio.gather(*(self._record_stats(live) for live in list(self.live.values())))
+        dead = await self.db(records.runners_declare_dead, local_pids_gone=False, exclude=self.id)
         if dead or time.monotonic() - self._last_reap > settings.AIRLOCK_RUNNER_REAP_INTERVAL_S:
             await self.reap()
-
-    def _orphans(self, present: list[str]) -> set[str]:
-        return records.orphans(present) - set(self.live)  # what this runner is still releasing is not orphaned
+        if releases:
+            await asyncio.wait(releases)
 
     async def reap(self) -> list[str]:
         """Destroy this host's sandboxes whose session has ended, for every driver this host can
-        reach (a driver it cannot reach has no sandboxes here to reap)."""
+        reach (a driver it cannot reach has no sandboxes here to reap). What this runner is
+        still releasing is not an orphan."""
         self._last_reap = time.monotonic()
         reaped = []
         for name in sorted(self.drivers | REAPED_DRIVERS):
+            driver = get_driver(name)
             try:
-                reaped += await self.blocking(reap_orphans, get_driver(name), self._orphans)
+                present = await self.blocking(driver.list_sandboxes)
             except RuntimeUnavailable:
                 continue
+            orphans = await self.db(records.orphans, present=present) - set(self.live)
+            if orphans:
+                reaped += await self.blocking(reap_orphans, driver, lambda _present, orphans=orphans: orphans)
         return reaped

@@ -46,11 +46,11 @@ def _pid_gone(pid: int) -> bool:
     return False
 
 
-def runners_declare_dead(*, local_pids_gone: bool) -> list[str]:
+def runners_declare_dead(*, local_pids_gone: bool, exclude: str) -> list[str]:
     """Runners that stopped beating (or, on this host, whose process is gone) are dead: each
-    active session they owned fails. Returns their ids."""
+    active session they owned fails. Returns their ids. A runner never declares itself."""
     now = timezone.now()
-    candidates = Runner.objects.filter(stopped_at__isnull=True)
+    candidates = Runner.objects.filter(stopped_at__isnull=True).exclude(pk=exclude)
     stale = set(candidates.filter(heartbeat_at__lt=now - timedelta(seconds=settings.AIRLOCK_RUNNER_DEAD_AFTER_S))
                 .values_list("pk", flat=True))
     if local_pids_gone:
@@ -140,11 +140,16 @@ def sessions_expire(*, runner_id: str, busy: set[str]) -> list[str]:
     return expired
 
 
-def session_is_active(*, session_id) -> bool:
-    return Session.objects.filter(pk=session_id, state__in=ACTIVE_STATES).exists()
+def inactive_among(*, session_ids: list[str]) -> list[str]:
+    """Those of the given sessions that have ended (by another process, or a message lost)."""
+    if not session_ids:
+        return []
+    active = {str(pk) for pk in Session.objects.filter(pk__in=session_ids, state__in=ACTIVE_STATES)
+              .values_list("pk", flat=True)}
+    return [session_id for session_id in session_ids if session_id not in active]
 
 
-def orphans(present: list[str]) -> set[str]:
+def orphans(*, present: list[str]) -> set[str]:
     """Among sandbox ids present on this host, those whose session here has ended."""
     ended = Session.objects.filter(pk__in=present).exclude(state__in=ACTIVE_STATES).values_list("pk", flat=True)
     return {str(session_id) for session_id in ended}

@@ -14,6 +14,7 @@ from controlplane.redaction import redact
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
         "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
         "alk_0123abcd_" + "z" * 43,
+        "ast_" + "Q" * 43,
     ],
 )
 def test_common_credential_shapes_are_redacted(secret):

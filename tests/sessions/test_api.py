@@ -226,3 +226,14 @@ def test_a_session_keeps_its_pinned_version_after_a_new_publish(agent, acme):
     denied = agent.run(new, "sleep", "0")
     assert denied.status_code == 403
     assert denied.json()["decision"]["policy_version"]["number"] == stricter.number
+
+
+def test_a_token_past_its_sessions_ttl_is_refused_even_before_the_runner_notices(agent):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    session = agent.open()
+    Session.objects.filter(pk=session["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    response = agent.as_session(session).get(f"/api/v1/sessions/{session['id']}")
+    assert response.status_code == 401 and response.json()["error"] == "session_ended"

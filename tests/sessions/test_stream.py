@@ -151,3 +151,17 @@ async def test_the_tenant_list_hears_a_session_start(async_agent, alice):
             seen.append(event)
     assert seen[0]["session"]["conversation_id"] == "conv-live"
     await socket.disconnect()
+
+
+async def test_an_agent_without_origin_streams_with_its_token_but_a_foreign_page_cannot(async_agent):
+    session = await sync_to_async(async_agent.open)()
+    socket = WebsocketCommunicator(application, f"/ws/sessions/{session['id']}/",
+                                   subprotocols=["airlock.v1", f"airlock.token.{session['token']}"],
+                                   headers=[(b"host", b"127.0.0.1")])
+    assert (await socket.connect())[0]
+    assert (await socket.receive_json_from(timeout=5))["event"] == "session.state"
+    await socket.disconnect()
+    foreign = WebsocketCommunicator(application, f"/ws/sessions/{session['id']}/",
+                                    subprotocols=["airlock.v1", f"airlock.token.{session['token']}"],
+                                    headers=[(b"origin", b"https://evil.example"), (b"host", b"127.0.0.1")])
+    assert not (await foreign.connect())[0]
