@@ -7,12 +7,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
 
 from controlplane.models import Tenant
 from controlplane.redaction import redact, redact_data
 from policies_app.document import PolicyDocument
 from policies_app.engine import CompiledPolicy, Decision, VersionRef, compile_policy, evaluate, evaluate_egress
 from policies_app.models import DecisionRecord, Policy, PolicyVersion
+from policies_app.rollups import count_denial
 from policies_app.services import version_ref
 
 COMPILED_CACHE_SIZE = 256
@@ -52,7 +57,7 @@ class Evaluation:
 
 def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=None, conversation_id: str = "",
            version: PolicyVersion | None = None, secrets: Iterable[str] = (), record: bool = True,
-           kind: str = "exec") -> Evaluation:
+           kind: str = "exec", at: datetime | None = None) -> Evaluation:
     """Judge one request of `kind` (exec: a command; egress: an outbound connection) with
     `version` (default: the policy's published one)."""
     judge = EVALUATORS[kind]
@@ -65,7 +70,7 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
     stored = None
     if record:
         stored = _store(tenant, version, kind, request, decision, eval_us, session_id, conversation_id,
-                        tuple(secrets), shadow_version=shadow_version,
+                        tuple(secrets), created_at=at or timezone.now(), shadow_version=shadow_version,
                         shadow_allowed=shadow.allowed if shadow else None,
                         shadow_effect=shadow.effect if shadow else "",
                         shadow_reason_code=(shadow.reason_code or "") if shadow else "",
@@ -95,14 +100,18 @@ def allow_file(*, tenant: Tenant, version: PolicyVersion, request: dict, session
 
 
 def _store(tenant, version, kind, request, decision: Decision, eval_us: int, session_id, conversation_id,
-           secrets: tuple, **shadow) -> DecisionRecord:
-    return DecisionRecord.objects.create(
-        tenant=tenant, session_id=session_id, conversation_id=conversation_id, policy_version=version,
-        mode=decision.mode, kind=kind, request=redact_data(request, secrets), allowed=decision.allowed,
-        subject=redact(subject_of(kind, request), secrets)[:255],
-        effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
-        message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us, **shadow,
-    )
+           secrets: tuple, **extra) -> DecisionRecord:
+    """Record a decision, and count it in the hourly rollups when it is a denial."""
+    with transaction.atomic():
+        record = DecisionRecord.objects.create(
+            tenant=tenant, session_id=session_id, conversation_id=conversation_id, policy_version=version,
+            mode=decision.mode, kind=kind, request=redact_data(request, secrets), allowed=decision.allowed,
+            subject=redact(subject_of(kind, request), secrets)[:255],
+            effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
+            message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us, **extra,
+        )
+        count_denial(record)
+    return record
 
 
 def subject_of(kind: str, request: dict) -> str:

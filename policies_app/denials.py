@@ -1,7 +1,10 @@
 """Denial metrics: what was refused, when, why, by which rule, for which program, conversation
-and session. Every query is scoped to one tenant and one period. Real denials (effect `deny`)
-and audit mode's would-be denials (`audit_deny`, allowed anyway) are never mixed: the mode
-filter picks one or the other."""
+and session. Every query is scoped to one tenant and one period, counted in whole hours from
+the hour the period starts in. Real denials (effect `deny`) and audit mode's would-be denials
+(`audit_deny`, allowed anyway) are never mixed: the mode filter picks one or the other.
+
+Counts come from the hourly rollups (policies_app/rollups.py), so they cost the same for a day
+or a month; the list, the export and the argument patterns read the decision log itself."""
 
 import re
 from collections import Counter
@@ -9,18 +12,20 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django import forms
-from django.db.models import Count, QuerySet
+from django.db.models import QuerySet, Sum
 from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
 from controlplane.models import Tenant
 from policies_app.document import ReasonCode
-from policies_app.models import DecisionRecord, PolicyVersion
+from policies_app.models import DecisionRecord, DenialRollup, PolicyVersion
+from policies_app.rollups import hour_of
 
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 MODES = {"enforce": "deny", "audit": "audit_deny"}
-DIMENSIONS = {"reason": "reason_code", "rule": "rule_id", "subject": "subject", "conversation": "conversation_id",
-              "session": "session_id"}
+# dimension -> (the rollup rows it is counted in, the column that holds its value)
+DIMENSIONS = {"reason": ("", "reason_code"), "rule": ("", "rule_id"), "subject": ("", "subject"),
+              "conversation": ("conversation", "group_value"), "session": ("session", "group_value")}
 TOP = 10
 PATTERN_SAMPLE = 5000  # argument patterns are computed over the newest denials of the period
 
@@ -59,14 +64,30 @@ class DenialQuery:
     reason: str = ""
     version_id: int | None = None
 
+    @property
+    def start(self) -> datetime:
+        return hour_of(self.since)
+
     def records(self) -> QuerySet[DecisionRecord]:
-        records = DecisionRecord.objects.filter(tenant=self.tenant, effect=self.effect, created_at__gte=self.since,
+        records = DecisionRecord.objects.filter(tenant=self.tenant, effect=self.effect, created_at__gte=self.start,
                                                 created_at__lt=self.until)
         if self.reason:
             records = records.filter(reason_code=self.reason)
         if self.version_id:
             records = records.filter(policy_version_id=self.version_id)
         return records
+
+    def rollups(self, group_kind: str = "") -> QuerySet[DenialRollup]:
+        rows = DenialRollup.objects.filter(tenant=self.tenant, effect=self.effect, group_kind=group_kind,
+                                           hour__gte=self.start, hour__lt=self.until)
+        if self.reason:
+            rows = rows.filter(reason_code=self.reason)
+        if self.version_id:
+            rows = rows.filter(version_id=self.version_id)
+        return rows
+
+    def total(self) -> int:
+        return self.rollups().aggregate(n=Sum("count"))["n"] or 0
 
     @property
     def hourly(self) -> bool:
@@ -76,12 +97,9 @@ class DenialQuery:
 def over_time(query: DenialQuery) -> list[dict]:
     """Counts per hour (periods up to 48 h) or per day, every bucket present, zeros included."""
     trunc, step = (TruncHour, timedelta(hours=1)) if query.hourly else (TruncDay, timedelta(days=1))
-    rows = (query.records().annotate(bucket=trunc("created_at")).values("bucket").annotate(n=Count("id"))
-            .order_by("bucket"))
+    rows = query.rollups().annotate(bucket=trunc("hour")).values("bucket").annotate(n=Sum("count")).order_by("bucket")
     counts = {row["bucket"]: row["n"] for row in rows}
-    start = query.since.replace(minute=0, second=0, microsecond=0)
-    if not query.hourly:
-        start = start.replace(hour=0)
+    start = query.start if query.hourly else query.start.replace(hour=0)
     buckets, at = [], start
     while at < query.until:
         buckets.append({"at": at, "count": counts.get(at, 0)})
@@ -90,10 +108,9 @@ def over_time(query: DenialQuery) -> list[dict]:
 
 
 def top(query: DenialQuery, dimension: str, limit: int = TOP) -> list[dict]:
-    field = DIMENSIONS[dimension]
-    rows = (query.records().exclude(**{f"{field}__isnull": True}).values(field).annotate(n=Count("id"))
-            .order_by("-n", field)[:limit])
-    return [{"value": str(row[field]) if row[field] is not None else "", "count": row["n"]} for row in rows]
+    group_kind, field = DIMENSIONS[dimension]
+    rows = query.rollups(group_kind).values(field).annotate(n=Sum("count")).order_by("-n", field)[:limit]
+    return [{"value": row[field], "count": row["n"]} for row in rows]
 
 
 _NUMBER = re.compile(r"^\d+$")
@@ -130,8 +147,8 @@ def summary(query: DenialQuery) -> dict:
     apart = "audit_deny" if query.effect == "deny" else "deny"
     return {
         "since": query.since, "until": query.until, "mode": "audit" if query.effect == "audit_deny" else "enforce",
-        "total": query.records().count(),
-        "other_mode_total": replace(query, effect=apart).records().count(),
+        "total": query.total(),
+        "other_mode_total": replace(query, effect=apart).total(),
         "over_time": over_time(query),
         "by": {dimension: top(query, dimension) for dimension in DIMENSIONS},
         "argument_patterns": argument_patterns(query),

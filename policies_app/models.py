@@ -139,3 +139,27 @@ class DecisionRecord(models.Model):
     @property
     def shadow_differs(self) -> bool:
         return self.shadow_allowed is not None and self.shadow_allowed != self.allowed
+
+
+class DenialRollup(models.Model):
+    """Hourly denial counts (see policies_app/rollups.py): what the Denials page sums."""
+
+    tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+    effect = models.CharField(max_length=12)
+    reason_code = models.CharField(max_length=32, blank=True)
+    version_id = models.PositiveBigIntegerField(default=0)  # the policy version; 0 when none was published
+    rule_id = models.CharField(max_length=64, blank=True)
+    subject = models.CharField(max_length=255, blank=True)
+    group_kind = models.CharField(max_length=12, blank=True)  # "", "conversation" or "session"
+    group_value = models.CharField(max_length=200, blank=True)
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["tenant", "hour", "effect", "reason_code", "version_id", "rule_id", "subject", "group_kind",
+                    "group_value"], name="one_rollup_row_per_key")]
+        indexes = [models.Index(fields=["tenant", "effect", "group_kind", "hour"])]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}:00 {self.effect} {self.reason_code} x{self.count}"

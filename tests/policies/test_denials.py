@@ -26,9 +26,8 @@ def publish(tenant, name: str, source: str):
 
 
 def record(tenant, policy, request: dict, *, ago: timedelta, conversation: str = ""):
-    evaluation = decide(tenant=tenant, policy=policy, request=request, conversation_id=conversation)
-    DecisionRecord.objects.filter(pk=evaluation.record.pk).update(created_at=timezone.now() - ago)
-    return evaluation.record
+    return decide(tenant=tenant, policy=policy, request=request, conversation_id=conversation,
+                  at=timezone.now() - ago).record
 
 
 @pytest.fixture
@@ -133,3 +132,25 @@ def test_the_api_serves_the_same_summary(acme, traffic, make_key, api):
     assert body["total"] == 6 and body["mode"] == "enforce"
     bad = client.get("/api/v1/denials?period=forever")
     assert bad.status_code == 400 and "period" in bad.json()["fields"]
+
+
+def test_the_rollups_agree_with_the_decision_log(acme, traffic):
+    from policies_app.models import DenialRollup
+
+    for effect in ("deny", "audit_deny"):
+        logged = DecisionRecord.objects.filter(tenant=acme, effect=effect).count()
+        rolled = sum(DenialRollup.objects.filter(tenant=acme, effect=effect, group_kind="")
+                     .values_list("count", flat=True))
+        assert rolled == logged
+    assert not DenialRollup.objects.filter(tenant=acme, effect="allow").exists()
+
+
+def test_pruning_drops_old_rollups_with_old_decisions(acme, traffic):
+    from django.core.management import call_command
+
+    from policies_app.models import DenialRollup
+
+    record(acme, acme.policies.get(name="default"), {"bin": "make"}, ago=timedelta(days=100))
+    call_command("prune_decisions", stdout=io.StringIO())
+    assert not DenialRollup.objects.filter(hour__lt=timezone.now() - timedelta(days=90)).exists()
+    assert summary(query(acme, period=timedelta(days=30)))["total"] == 6

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from policies_app.models import DecisionRecord
+from policies_app.models import DecisionRecord, DenialRollup
 
 
 class Command(BaseCommand):
@@ -19,4 +19,6 @@ class Command(BaseCommand):
             raise CommandError("--days must be at least 1")
         cutoff = timezone.now() - timedelta(days=days)
         deleted, _ = DecisionRecord.objects.filter(created_at__lt=cutoff).delete()
+        # Rollup hours wholly before the cutoff go too; the hour it falls in stays whole.
+        DenialRollup.objects.filter(hour__lt=cutoff - timedelta(hours=1)).delete()
         self.stdout.write(f"deleted {deleted} decision(s) older than {days} days")
