@@ -53,7 +53,7 @@ DRAFT = POLICY.replace('["test", "lint", "check"]', '["test", "lint", "check", "
 
 
 def requests(count: int, seed: int = 3) -> list[dict]:
-    """A mix like agents send: mostly allowed, a third denied for one reason or another."""
+    """A mix like agents send: about a third allowed, the rest denied for each kind of reason."""
     rng = random.Random(seed)  # noqa: S311 - synthetic data, reproducible
     shapes = [
         lambda: {"bin": "pytest", "args": [f"tests/test_{rng.randrange(40)}.py", "-k", "slow"]},

@@ -270,6 +270,12 @@ class DockerDriver(Driver):
                          output_bytes=output_bytes)
 
     def _outcome(self, sandbox: Sandbox, api, exec_id: str, reason: str | None, oom_before: int):
+        if reason is None and self.isolation != "gvisor":
+            # runc, the common case: the exec's own exit code, one call to the daemon. A command
+            # that ended normally left its container running (an OOM kill shows in the cgroup).
+            exit_code = api.exec_inspect(exec_id).get("ExitCode")
+            if exit_code is not None:
+                return exit_code, "oom" if self._oom_kills(sandbox) > oom_before else "exited"
         state = self._container_state(sandbox)
         if not state.get("Running"):
             return None, "oom" if state.get("OOMKilled") else (reason or "killed")
