@@ -29,6 +29,17 @@ _KEYED = re.compile(rf"(?i)((?:^|(?<=[?&\s-]))[A-Za-z0-9_.-]*{SECRET_WORD}[A-Za-
 _SECRET_FLAG = re.compile(rf"(?i)^--?[A-Za-z0-9_-]*{SECRET_WORD}[A-Za-z0-9_-]*$")
 
 
+def secret_spans(text: str, secrets: Iterable[str] = ()) -> list[tuple[int, int]]:
+    """Where in `text` something would be redacted (a match may run to the end of the text)."""
+    spans = [match.span() for pattern in (_SHAPES, _KEYED) for match in pattern.finditer(text)]
+    for secret in (s for s in secrets if len(s) >= 6):
+        start = text.find(secret)
+        while start != -1:
+            spans.append((start, start + len(secret)))
+            start = text.find(secret, start + 1)
+    return spans
+
+
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     for secret in sorted((s for s in secrets if len(s) >= 6), key=len, reverse=True):
         text = text.replace(secret, REDACTED)

@@ -14,12 +14,9 @@ from policies_app.models import DecisionRecord, PolicyVersion
 
 @tenant_view("read")
 def denials(request):
-    form = metrics.DenialFilter(request.GET or None, tenant=request.tenant)
-    if request.GET and not form.is_valid():
+    form = metrics.DenialFilter(request.GET or {"period": "24h", "mode": "enforce"}, tenant=request.tenant)
+    if not form.is_valid():
         return render(request, "policies_app/denials.html", {"section": "denials", "form": form}, status=400)
-    if not request.GET:
-        form = metrics.DenialFilter({}, tenant=request.tenant)
-        form.is_valid()
     query = form.query()
     export = request.GET.get("format")
     if export in {"csv", "json"}:
@@ -59,10 +56,13 @@ def _csv_lines(rows):
         yield writer.writerow({key: _spreadsheet_safe(value) for key, value in row.items()})
 
 
+FORMULA_STARTS = {"=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20"}  # full-width too
+
+
 def _spreadsheet_safe(value):
     if isinstance(value, list):
         value = " ".join(map(str, value))
-    if isinstance(value, str) and value[:1] in {"=", "+", "-", "@", "\t", "\r"}:
+    if isinstance(value, str) and value[:1] in FORMULA_STARTS:
         return "'" + value
     return value
 

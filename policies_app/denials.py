@@ -146,7 +146,7 @@ def summary(query: DenialQuery) -> dict:
     """Everything the Denials page and its API show for one query."""
     apart = "audit_deny" if query.effect == "deny" else "deny"
     return {
-        "since": query.since, "until": query.until, "mode": "audit" if query.effect == "audit_deny" else "enforce",
+        "since": query.start, "until": query.until, "mode": "audit" if query.effect == "audit_deny" else "enforce",
         "total": query.total(),
         "other_mode_total": replace(query, effect=apart).total(),
         "over_time": over_time(query),
@@ -159,9 +159,13 @@ EXPORT_FIELDS = ["id", "created_at", "kind", "subject", "args", "effect", "mode"
                  "version", "conversation_id", "session_id", "message", "hint"]
 
 
+EXPORT_LIMIT = 100_000  # under ASGI, Django gathers a synchronous stream before it sends it
+
+
 def export_rows(query: DenialQuery):
-    """Every denial of the query, oldest first, as flat rows (the request as stored: redacted)."""
-    records = query.records().select_related("policy_version__policy").order_by("created_at")
+    """The query's denials, newest first, as flat rows (the request as stored: redacted), at
+    most EXPORT_LIMIT of them: narrow the period or filters for more."""
+    records = query.records().select_related("policy_version__policy").order_by("-created_at")[:EXPORT_LIMIT]
     for record in records.iterator(chunk_size=2000):
         version = record.policy_version
         yield {

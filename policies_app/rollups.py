@@ -7,7 +7,7 @@ by reason, rule, program and policy version, and one each for its conversation a
 sessions). The increment is one INSERT … ON CONFLICT DO UPDATE, atomic in PostgreSQL and SQLite
 alike. A period is counted in whole hours, from the hour its start falls in."""
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connection
 
@@ -18,7 +18,8 @@ KEY_COLUMNS = ["tenant_id", "hour", "effect", "reason_code", "version_id", "rule
 
 
 def hour_of(at: datetime) -> datetime:
-    return at.replace(minute=0, second=0, microsecond=0)
+    """The UTC hour `at` falls in (hours are keys: an offset of +05:30 must not shift them)."""
+    return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
 def rollup_keys(record: DecisionRecord) -> list[tuple]:

@@ -2,13 +2,13 @@
 
 Redaction works on whole lines, so a secret is never split across two events where no pattern
 could see it whole. A line is held back until its newline arrives, or until it grows past
-LINE_LIMIT characters (it then leaves cut at whitespace), or until the command ends. A private
+LINE_LIMIT characters (it then leaves cut where no secret can be split), or until the command ends. A private
 key block spans lines: from its BEGIN line to its END line every line is redacted."""
 
 import codecs
 import re
 
-from controlplane.redaction import REDACTED, redact
+from controlplane.redaction import REDACTED, redact, secret_spans
 from sessions.runtimes.base import OutputTail
 
 LINE_LIMIT = 4096
@@ -31,16 +31,25 @@ class StreamRedactor:
         text = self._pending + self._decoder.decode(data)
         cut = text.rfind("\n") + 1
         if cut == 0 and len(text) > LINE_LIMIT:
-            # A long line leaves in pieces cut at whitespace: credentials hold none, so none is
-            # split where no pattern could see it whole. A run without whitespace is held up to
-            # HOLD_LIMIT, then cut keeping an overlap that no credential shape is longer than.
-            space = max(text.rfind(" "), text.rfind("\t"))
-            if space > 0:
-                cut = space + 1
-            elif len(text) > HOLD_LIMIT:
-                cut = len(text) - OVERLAP
+            cut = self._safe_cut(text)
         self._pending = text[cut:]
         return self._redact(text[:cut])
+
+    def _safe_cut(self, text: str) -> int:
+        """Where a long line may be cut: at least `overlap` characters before its end (a secret
+        that has not fully arrived is shorter than that), and never inside anything redaction
+        would match (a match reaching the end moves the cut before it). Past HOLD_LIMIT a line
+        that offers no such point leaves whole, redacted as it stands."""
+        overlap = max([OVERLAP, *(len(s) + 1 for s in self.secrets)])
+        cut = len(text) - overlap
+        for start, end in sorted(secret_spans(text, self.secrets), reverse=True):
+            if start < cut < end:
+                cut = start
+        if self._in_key or "-----BEGIN" in text[max(cut - 64, 0):]:
+            cut = 0  # inside, or at the start of, a private key block: wait for its end
+        if cut <= 0 and len(text) > HOLD_LIMIT:
+            return len(text)
+        return max(cut, 0)
 
     def flush(self) -> str:
         text = self._pending + self._decoder.decode(b"", final=True)

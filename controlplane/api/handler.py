@@ -18,14 +18,18 @@ class ApiHandler(ASGIHandler):
     def load_middleware(self, is_async=False):
         super().load_middleware(is_async=is_async)
         self._view_middleware, self._template_response_middleware, self._exception_middleware = [], [], []
-        inner = convert_exception_to_response(self._get_response_async)
+        async def checked(request):
+            request.get_host()  # DisallowedHost becomes a 400, as CommonMiddleware would make it
+            return await self._get_response_async(request)
+
+        markcoroutinefunction(checked)
+        handled = convert_exception_to_response(checked)
 
         async def chain(request):
-            request.get_host()  # DisallowedHost becomes a 400, as CommonMiddleware would make it
-            response = await inner(request)
-            for name, value in HEADERS.items():
+            response = await handled(request)
+            for name, value in HEADERS.items():  # on every response, errors included
                 response.headers.setdefault(name, value)
             return response
 
         markcoroutinefunction(chain)
-        self._middleware_chain = convert_exception_to_response(chain)
+        self._middleware_chain = chain

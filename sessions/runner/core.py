@@ -88,7 +88,8 @@ class LiveSession:
     seq: int = 0
     releasing: asyncio.Task | None = None
     stats: Stats | None = None
-    snapshot_seq: int = -1
+    stats_pending: bool = False
+    snapshot_seqs: set = field(default_factory=set)  # sequence numbers snapshots stopped at
 
 
 class Runner:
@@ -104,6 +105,7 @@ class Runner:
         self.executor = ThreadPoolExecutor(settings.AIRLOCK_RUNNER_THREADS, thread_name_prefix="airlock-runner")
         # Database work on a few threads of its own: their connections end with the runner.
         self.db_executor = ThreadPoolExecutor(4, thread_name_prefix="airlock-runner-db")
+        self.stats_executor = ThreadPoolExecutor(2, thread_name_prefix="airlock-runner-stats")
         self.secrets = configured_secrets()
         self._outbox: collections.deque = collections.deque()
         self._outbox_chars = 0
@@ -132,7 +134,7 @@ class Runner:
             await self.db(records.session_finish, session_id=session_id, state=SessionState.FAILED, reason=reason)
             await self.release(session_id)
         await self.db(records.runner_stopped, runner_id=self.id, reason=reason)
-        for executor in (self.executor, self.db_executor):
+        for executor in (self.executor, self.db_executor, self.stats_executor):
             await asyncio.to_thread(_close_connections_and_shutdown, executor)
 
     def blocking(self, function, *args):
@@ -194,8 +196,10 @@ class Runner:
         released_meanwhile = live.releasing is not None or self.live.get(session_id) is not live
         if released_meanwhile or not await self.db(records.session_ready, session_id=session_id,
                                                    rootfs_digest=live.sandbox.rootfs_digest):
-            # Killed or ended while it was being created: its release may have run before the
-            # sandbox existed, so destroy it here.
+            # Killed or ended while it was being created: a release that ran before the sandbox
+            # existed could not destroy it, so it is destroyed here (after any release in flight).
+            if live.releasing is not None:
+                await asyncio.shield(live.releasing)
             await self.blocking(live.driver.destroy, live.sandbox)
             if self.live.get(session_id) is live:
                 del self.live[session_id]
@@ -249,7 +253,7 @@ class Runner:
         live = self.live.get(message["session"])
         if live is None or live.command_id is None or live.output is None:
             return {"ok": True, "command": None, "output": "", "seq": live.seq if live else 0}
-        live.snapshot_seq = live.seq  # the publisher does not merge events across this point
+        live.snapshot_seqs.add(live.seq)  # the publisher does not merge events across this point
         return {"ok": True, "command": live.command_id, "output": live.output.tail.text, "seq": live.seq}
 
     # -- a session's worker ----------------------------------------------------------------
@@ -312,10 +316,13 @@ class Runner:
         return status
 
     async def _record_stats(self, live: LiveSession) -> None:
-        if live.sandbox is None:
-            return
+        if live.sandbox is None or live.stats_pending:
+            return  # a previous call still runs (a slow daemon): do not pile up more
+        live.stats_pending = True
+        call = self.loop.run_in_executor(self.stats_executor, live.driver.stats, live.sandbox)
+        call.add_done_callback(lambda _: setattr(live, "stats_pending", False))  # when the thread is free
         try:
-            stats = await asyncio.wait_for(self.blocking(live.driver.stats, live.sandbox), timeout=5)
+            stats = await asyncio.wait_for(asyncio.shield(call), timeout=5)
         except Exception:  # figures are best effort; the sandbox may be going away, or slow to answer
             return
         await self.db(records.session_stats, session_id=live.id, stats=stats)
@@ -398,11 +405,14 @@ class Runner:
                     if (next_group != group or following["event"] != "command.output"
                             or following["command"] != event["command"] or following["stream"] != event["stream"]
                             or following["seq"] != event["seq"] + 1
-                            or (live is not None and live.snapshot_seq == event["seq"])):
+                            or (live is not None and event["seq"] in live.snapshot_seqs)):
                         break
                     self._outbox.popleft()
                     self._outbox_chars -= len(following["data"])
                     event = {**event, "data": event["data"] + following["data"], "seq": following["seq"]}
+                live = self.live.get(event.get("session", ""))
+                if live is not None and live.snapshot_seqs and "seq" in event:
+                    live.snapshot_seqs = {seq for seq in live.snapshot_seqs if seq > event["seq"]}
                 try:
                     await self.layer.group_send(group, {"type": "airlock.event", "event": event})
                 except Exception:

@@ -274,7 +274,7 @@ class DockerDriver(Driver):
             # runc, the common case: the exec's own exit code, one call to the daemon. A command
             # that ended normally left its container running (an OOM kill shows in the cgroup).
             exit_code = api.exec_inspect(exec_id).get("ExitCode")
-            if exit_code is not None:
+            if exit_code is not None and 0 <= exit_code < 128:  # not killed by a signal
                 return exit_code, "oom" if self._oom_kills(sandbox) > oom_before else "exited"
         state = self._container_state(sandbox)
         if not state.get("Running"):

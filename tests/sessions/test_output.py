@@ -1,5 +1,7 @@
 """Redaction of streamed output: a secret split across chunks is still caught."""
 
+import pytest
+
 from sessions.output import HOLD_LIMIT, LINE_LIMIT, CommandOutput, StreamRedactor
 
 
@@ -26,28 +28,42 @@ def test_configured_secret_values_are_redacted():
     assert output.tail.text == "the value is [redacted]\n"
 
 
-def test_a_long_line_without_newline_leaves_cut_at_whitespace():
+def test_a_long_line_without_newline_is_not_held_forever():
     redactor = StreamRedactor()
     assert redactor.feed(b"x" * 10) == ""
-    assert redactor.feed(b" " + b"y" * LINE_LIMIT) == "x" * 10 + " "
-    assert redactor.flush() == "y" * LINE_LIMIT
+    first = redactor.feed(b" " + b"y" * (LINE_LIMIT + 2000))
+    assert first  # it left before the line ended, minus an overlap kept back
+    assert first + redactor.flush() == "x" * 10 + " " + "y" * (LINE_LIMIT + 2000)
 
 
-def test_a_token_straddling_the_long_line_limit_is_still_redacted():
-    token = "ghp_" + "A" * 36
-    redactor = StreamRedactor()
-    text = redactor.feed(("x " * 2047 + token[:10]).encode()) + redactor.feed((token[10:] + " more\n").encode())
-    assert token not in text and "[redacted] more" in text
-    endless = StreamRedactor()  # no whitespace at all: held, then cut with an overlap
-    out = endless.feed(b"z" * (HOLD_LIMIT + 10)) + endless.flush()
-    assert out == "z" * (HOLD_LIMIT + 10)
+def leaked(chunks: list[bytes], secrets: tuple[str, ...] = ()) -> str:
+    redactor = StreamRedactor(secrets)
+    return "".join(redactor.feed(chunk) for chunk in chunks) + redactor.flush()
 
 
-def test_invalid_utf8_becomes_replacement_characters():
-    redactor = StreamRedactor()
-    assert redactor.feed(b"\xff\xfeok\n") == "\ufffd\ufffdok\n"
-    assert redactor.feed(b"\xe2\x82") == ""  # half a character waits for the rest
-    assert redactor.feed(b"\xac\n") == "\u20ac\n"
+@pytest.mark.parametrize("secret", [
+    "ghp_" + "A" * 36, "Bearer abcdefghijklmnopqrstuvwx", "password: hunter2hunter2", "my secret value",
+])
+def test_a_secret_straddling_a_cut_in_a_long_line_is_still_redacted(secret):
+    filler = ("x" * 50 + " ") * 90  # past LINE_LIMIT, no newline
+    for split in (5, len(secret) // 2, len(secret) - 2):
+        out = leaked([(filler + secret[:split]).encode(), (secret[split:] + " tail" + filler).encode()],
+                     secrets=("my secret value",))
+        assert secret not in out and "[redacted]" in out, (secret, split)
+        assert "hunter2" not in out and "AAAAAAAAAA" not in out and "abcdefghij" not in out
+
+
+def test_a_private_key_in_a_long_line_is_redacted_whole():
+    body = "MIIEow" + "Q" * 6000
+    out = leaked([("x " * 3000 + "-----BEGIN RSA PRIV").encode(), ("ATE KEY-----" + body[:3000]).encode(),
+                  (body[3000:] + "-----END RSA PRIVATE KEY----- done\n").encode()])
+    assert "QQQQ" not in out and "MIIE" not in out and out.endswith(" done\n")
+
+
+def test_a_token_across_the_hold_limit_is_redacted():
+    token = "ghp_" + "B" * 36
+    out = leaked([b"z" * (HOLD_LIMIT - 10) + b" " + token[:20].encode(), token[20:].encode() + b" end\n"])
+    assert token not in out
 
 
 def test_the_checkout_filter_ignores_case_and_looks_at_every_directory():

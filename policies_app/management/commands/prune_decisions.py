@@ -5,6 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from policies_app.models import DecisionRecord, DenialRollup
+from policies_app.rollups import hour_of
 
 
 class Command(BaseCommand):
@@ -17,8 +18,8 @@ class Command(BaseCommand):
         days = days or settings.AIRLOCK_DECISION_RETENTION_DAYS
         if days < 1:
             raise CommandError("--days must be at least 1")
-        cutoff = timezone.now() - timedelta(days=days)
+        # Whole hours: the decision log and its hourly rollups keep the same period.
+        cutoff = hour_of(timezone.now() - timedelta(days=days))
         deleted, _ = DecisionRecord.objects.filter(created_at__lt=cutoff).delete()
-        # Rollup hours wholly before the cutoff go too; the hour it falls in stays whole.
-        DenialRollup.objects.filter(hour__lt=cutoff - timedelta(hours=1)).delete()
+        DenialRollup.objects.filter(hour__lt=cutoff).delete()
         self.stdout.write(f"deleted {deleted} decision(s) older than {days} days")
