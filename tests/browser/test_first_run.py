@@ -1,22 +1,17 @@
 """The README's first run, as a new user does it: the printed login works in a real browser and
 the printed API key answers the API."""
 
-import json
 import re
-import urllib.request
 
 import pytest
+
+from tests.http import call_api
 
 pytestmark = pytest.mark.browser
 
 
 def get_json(url: str, key: str) -> tuple[int, dict]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
+    return call_api(url, "GET", "", bearer=key)
 
 
 def log_in(page, server) -> None:

@@ -1,14 +1,12 @@
 """The operator's view in real Chromium: the live list, the live terminal, the Kill button,
 against real bubblewrap sandboxes run by the server's embedded runner."""
 
-import json
 import re
-import urllib.error
-import urllib.request
 
 import pytest
 
 from tests.browser.test_first_run import log_in
+from tests.http import call_api
 
 pytestmark = pytest.mark.browser
 XSS = (b"print('\\x1b[31mred alert\\x1b[0m <img src=x onerror=\"window.__pwned=1\"> '\n"
@@ -16,15 +14,7 @@ XSS = (b"print('\\x1b[31mred alert\\x1b[0m <img src=x onerror=\"window.__pwned=1
 
 
 def call(server, method: str, path: str, body=None, token: str | None = None, raw: bytes | None = None):
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(server.url + path, data=data, method=method, headers={
-        "Authorization": f"Bearer {token or server.api_key}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:  # loopback only
-            content = response.read()
-            return response.status, json.loads(content) if content else None
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
+    return call_api(server.url, method, path, bearer=token or server.api_key, body=body, raw=raw)
 
 
 def open_session(server, **body) -> dict:

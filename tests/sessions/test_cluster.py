@@ -3,7 +3,6 @@ and two `manage.py runner` processes, sharing a database, each owning its sandbo
 
 Needs Redis (127.0.0.1:6379, always there on these machines; required in CI)."""
 
-import json
 import os
 import re
 import shutil
@@ -14,8 +13,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +21,7 @@ import pytest
 
 from sessions.runtimes.bubblewrap import BubblewrapDriver
 from tests.browser.conftest import _free_port, _wait_until_listening
+from tests.http import call_api
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS = ("127.0.0.1", 6379)
@@ -57,15 +55,7 @@ class Cluster:
     runners: dict = field(default_factory=dict)  # pid -> Popen
 
     def call(self, method: str, path: str, body=None, token: str | None = None, raw: bytes | None = None):
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {token or self.key}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:  # loopback only
-                content = response.read()
-                return response.status, json.loads(content) if content else None
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"null")
+        return call_api(self.url, method, path, bearer=token or self.key, body=body, raw=raw)
 
     def start_sleeper(self) -> tuple[dict, dict]:
         status, session = self.call("POST", "/api/v1/sessions", {"conversation_id": "cluster"})
