@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
+from django.utils import timezone
 
 from controlplane.models import Tenant
 from controlplane.redaction import configured_secrets, redact_data
@@ -62,8 +63,9 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
 
 
 def _not_active(session: Session, kind: str, request: dict) -> Evaluation:
+    state = session.state if session.state != SessionState.READY else "past its time to live"
     return refuse(tenant=session.tenant, version=session.policy_version, kind=kind, request=request,
-                  reason_code="session_not_active", message=f"the session is {session.state}",
+                  reason_code="session_not_active", message=f"the session is {state}",
                   hint="open a new session; an ended, killed, expired or failed session runs nothing",
                   session_id=session.pk, conversation_id=session.conversation_id, secrets=configured_secrets())
 
@@ -73,7 +75,7 @@ def command_propose(*, session: Session, request: dict, wait: bool) -> CommandRu
     secrets = configured_secrets()
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=session.pk)
-        if locked.state != SessionState.READY:
+        if locked.state != SessionState.READY or locked.expires_at <= timezone.now():
             evaluation = _not_active(locked, "exec", request)
         else:
             evaluation = decide(tenant=session.tenant, policy=session.policy_version.policy, request=request,
@@ -160,7 +162,7 @@ def file_operation(*, session: Session, op: str, path: str, data: bytes | None =
                             hint="use a path relative to /workspace without `..`", session_id=session.pk,
                             conversation_id=session.conversation_id, secrets=secrets)
         raise BrokerError("file_denied", evaluation.decision.message, 403, _payload(evaluation)) from None
-    if session.state != SessionState.READY:
+    if session.state != SessionState.READY or session.expires_at <= timezone.now():
         evaluation = _not_active(session, "file", request)
         raise BrokerError("file_denied", evaluation.decision.message, 403, _payload(evaluation))
     allow_file(tenant=session.tenant, version=session.policy_version, request=request, session_id=session.pk,

@@ -237,3 +237,7 @@ def test_a_token_past_its_sessions_ttl_is_refused_even_before_the_runner_notices
     Session.objects.filter(pk=session["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
     response = agent.as_session(session).get(f"/api/v1/sessions/{session['id']}")
     assert response.status_code == 401 and response.json()["error"] == "session_ended"
+    refused = agent.client.post(f"/api/v1/sessions/{session['id']}/commands", {"bin": "printf", "args": ["x"]},
+                                content_type="application/json").json()  # the tenant's key
+    assert refused["decision"]["reason_code"] == "session_not_active"
+    assert "time to live" in refused["decision"]["message"]
