@@ -4,12 +4,17 @@ conversation and session; filters; drill-down to one decision; CSV and JSON expo
 import csv
 import json
 
+from django.contrib import messages
 from django.http import Http404, StreamingHttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from controlplane.decorators import tenant_view
 from policies_app import denials as metrics
+from policies_app import narrowing
+from policies_app.document import DocumentError
 from policies_app.models import DecisionRecord, PolicyVersion
+from policies_app.views import render_version
 
 
 @tenant_view("read")
@@ -74,10 +79,31 @@ def _json_chunks(rows):
     yield "]"
 
 
-@tenant_view("read")
-def denial_detail(request, decision_id):
+def _denial(request, decision_id) -> DecisionRecord:
     record = get_object_or_404(DecisionRecord.objects.select_related("policy_version__policy"),
                                pk=decision_id, tenant=request.tenant)
-    if record.allowed and record.effect == "allow":
+    if record.effect == "allow":
         raise Http404("not a denial")
-    return render(request, "policies_app/denial_detail.html", {"section": "denials", "record": record})
+    return record
+
+
+@tenant_view("read")
+def denial_detail(request, decision_id):
+    record = _denial(request, decision_id)
+    return render(request, "policies_app/denial_detail.html", {
+        "section": "denials", "record": record, "not_narrowable": narrowing.why_not(record)})
+
+
+@require_POST
+@tenant_view("edit_policy")
+def denial_allow(request, decision_id):
+    """"Allow this": draft the narrowest rule and show the draft with its replay. Never publishes."""
+    record = _denial(request, decision_id)
+    try:
+        version = narrowing.draft_allowing(record=record, actor=request.user)
+    except (narrowing.NotNarrowable, DocumentError) as exc:
+        messages.error(request, f"Cannot draft a rule for this denial: {exc}")
+        return redirect("denial", request.tenant.slug, record.pk)
+    messages.success(request, f"Drafted v{version.number} with the narrowest rule. Its replay is below: check what "
+                     "else it would allow, then publish it (nothing is published by itself).")
+    return render_version(request, version, with_replay=True, status=201)

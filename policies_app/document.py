@@ -56,6 +56,8 @@ class CommandRule(Strict):
         None, description="regexes; when set, every argument must fully match one of them"
     )
     max_args: int | None = Field(None, ge=0, le=1000)
+    exact_args: list[str] | None = Field(
+        None, max_length=1000, description="when set, the arguments must be exactly these, in this order")
 
     @field_validator("bin")
     @classmethod

@@ -182,6 +182,10 @@ def _bin_not_allowed(compiled: CompiledPolicy, bin_name: str) -> _Refusal:
 
 def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: ExecRequest) -> _Refusal | None:
     rule, ref = compiled_rule.rule, compiled.ref
+    if rule.exact_args is not None and list(request.args) != rule.exact_args:
+        allowed = " ".join(rule.exact_args) or "no arguments"
+        return _Refusal("arg_denied", rule.id, f"rule `{rule.id}` allows exactly `{allowed}`",
+                        f"send exactly `{allowed}`; a security admin can widen rule `{rule.id}` of {ref.label()}")
     if rule.max_args is not None and len(request.args) > rule.max_args:
         return _Refusal("arg_denied", rule.id, f"{len(request.args)} arguments; rule `{rule.id}` allows at most "
                         f"{rule.max_args}", f"send at most {rule.max_args} arguments")

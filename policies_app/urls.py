@@ -14,4 +14,5 @@ urlpatterns = [
     path("policies/<slug:name>/v/<int:number>/shadow", views.version_shadow, name="policy-shadow"),
     path("denials/", denial_views.denials, name="denials"),
     path("denials/<uuid:decision_id>/", denial_views.denial_detail, name="denial"),
+    path("denials/<uuid:decision_id>/allow", denial_views.denial_allow, name="denial-allow"),
 ]

@@ -97,10 +97,10 @@ def _render_editor(request, policy, form, result, *, status: int = 200, publishe
 @tenant_view("read")
 def version_detail(request, name: str, number: int):
     version = selectors.version_get(request.tenant, name, number)
-    return _render_version(request, version)
+    return render_version(request, version)
 
 
-def _render_version(request, version, *, note_form=None, status: int = 200, with_replay: bool = False):
+def render_version(request, version, *, note_form=None, status: int = 200, with_replay: bool = False):
     policy = version.policy
     published = policy.published_version()
     replay_limit = ReplayForm(request.POST or None)
@@ -118,7 +118,7 @@ def _render_version(request, version, *, note_form=None, status: int = 200, with
 @tenant_view("read")
 def version_replay(request, name: str, number: int):
     version = selectors.version_get(request.tenant, name, number)
-    return _render_version(request, version, with_replay=True)
+    return render_version(request, version, with_replay=True)
 
 
 @require_POST
@@ -159,13 +159,13 @@ def version_shadow(request, name: str, number: int):
 def _publication(request, version, action, success: str):
     form = NoteForm(request.POST)
     if not form.is_valid():
-        return _render_version(request, version, note_form=form, status=400)
+        return render_version(request, version, note_form=form, status=400)
     try:
         action(form.cleaned_data["note"])
     except ValidationError as exc:
         for message in exc.messages:
             form.add_error(None, message)
-        return _render_version(request, version, note_form=form, status=400)
+        return render_version(request, version, note_form=form, status=400)
     messages.success(request, success)
     return redirect("policy-version", tenant_slug=request.tenant.slug, name=version.policy.name,
                     number=version.number)

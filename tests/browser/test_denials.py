@@ -35,3 +35,34 @@ def test_a_security_admin_reads_the_denials_filters_and_opens_one(page, demo_ser
     page.wait_for_url(re.compile(r"/t/demo/denials/[0-9a-f-]+/$"))
     body = page.locator("main").inner_text()
     assert "`make` is not an allowed command" in body and "a security admin can add `make`" in body
+
+
+def test_allow_this_drafts_the_narrow_rule_shows_its_replay_and_publishes(page, demo_server):
+    from tests.http import call_api
+
+    def api(method, path, body=None, token=None):
+        return call_api(demo_server.url, method, path, bearer=token or demo_server.api_key, body=body)
+
+    status, session = api("POST", "/api/v1/sessions", {"conversation_id": "allow-this", "policy": "ops"})
+    assert status == 201
+    commands = f"/api/v1/sessions/{session['id']}/commands"
+    status, denied = api("POST", commands, {"bin": "make", "args": ["test"]}, token=session["token"])
+    assert status == 403
+    log_in(page, demo_server)
+    page.goto(f"{demo_server.url}/t/demo/denials/{denied['decision']['id']}/")
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.get_by_test_id("allow-this").click()
+    replay = page.get_by_test_id("policy-replay")
+    replay.wait_for()
+    assert "widened" in replay.inner_text() and "make test" in replay.inner_text()
+    assert page.get_by_test_id("version-state").inner_text() == "draft"
+    assert "exact_args" in page.get_by_test_id("version-source").inner_text()
+    page.locator("form[action$='/publish'] input[name=note]").fill("agents may run make test")
+    page.locator("form[action$='/publish'] button[type=submit]").click()
+    page.wait_for_load_state()
+    assert page.get_by_test_id("version-state").inner_text() == "published"
+    status, fresh = api("POST", "/api/v1/sessions", {"conversation_id": "allow-this", "policy": "ops"})
+    assert api("POST", f"/api/v1/sessions/{fresh['id']}/commands", {"bin": "make", "args": ["test"]},
+               token=fresh["token"])[0] == 202
+    assert api("POST", f"/api/v1/sessions/{fresh['id']}/commands", {"bin": "make", "args": ["all"]},
+               token=fresh["token"])[0] == 403

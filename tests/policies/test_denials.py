@@ -154,3 +154,46 @@ def test_pruning_drops_old_rollups_with_old_decisions(acme, traffic):
     call_command("prune_decisions", stdout=io.StringIO())
     assert not DenialRollup.objects.filter(hour__lt=timezone.now() - timedelta(days=90)).exists()
     assert summary(query(acme, period=timedelta(days=30)))["total"] == 6
+
+
+def allow_this(client, record):
+    return client.post(f"/t/acme/denials/{record.pk}/allow")
+
+
+def test_allow_this_drafts_the_narrowest_rule_and_shows_its_replay(acme, alice, client_for, traffic):
+    from policies_app.decisions import compiled_version
+    from policies_app.engine import evaluate
+
+    policy = acme.policies.get(name="default")
+    published = policy.published_version()
+    denial = DecisionRecord.objects.filter(tenant=acme, subject="make", request__args=["test"]).first()
+    response = allow_this(client_for(alice), denial)
+    assert response.status_code == 201
+    draft = policy.versions.order_by("-number").first()
+    assert draft.number == published.number + 1 and policy.published_version() == published  # not published
+    page = response.content.decode()
+    assert 'data-testid="policy-replay"' in page and "3 widened" in page and "0 broken" in page
+    compiled = compiled_version(draft)
+    assert evaluate(compiled, {"bin": "make", "args": ["test"]}).allowed
+    for broader in ({"bin": "make", "args": ["all"]}, {"bin": "make", "args": ["test", "install"]},
+                    {"bin": "make", "args": []}, {"bin": "make", "args": ["tests"]}):
+        assert not evaluate(compiled, broader).allowed, broader
+    from policies_app.decisions import replay
+
+    result = replay(policy=policy, compiled=compiled)
+    assert (result.widenings, result.breakages) == (3, 0)  # exactly the three `make test` denials flip
+    assert result.groups[0].examples[0] == {"bin": "make", "args": ["test"]}
+
+
+def test_allow_this_is_for_security_admins_and_only_where_a_rule_can_decide(acme, bob, alice, client_for, traffic):
+    denial = DecisionRecord.objects.filter(tenant=acme, subject="make").first()
+    assert allow_this(client_for(bob), denial).status_code == 403
+    hard = decide(tenant=acme, policy=acme.policies.get(name="default"),
+                  request={"bin": "pytest", "args": ["../../etc/passwd"]}).record
+    assert "not decided by a command rule" in client_for(alice).get(f"/t/acme/denials/{hard.pk}/").content.decode()
+    before = acme.policies.get(name="default").versions.count()
+    response = allow_this(client_for(alice), hard)
+    assert response.status_code == 302 and acme.policies.get(name="default").versions.count() == before
+    secret = decide(tenant=acme, policy=acme.policies.get(name="default"),
+                    request={"bin": "deploy", "args": ["--token", "hunter2hunter2"]}).record
+    assert allow_this(client_for(alice), secret).status_code == 302  # stored redacted: cannot be allowed exactly

@@ -161,3 +161,12 @@ def test_audit_mode_allows_egress_but_records_the_would_be_denial():
 def test_a_malformed_egress_request_is_schema_invalid_in_any_mode():
     decision = evaluate_egress(compiled("mode: audit\n"), {"host": "a b", "port": 0})
     assert (decision.allowed, decision.reason_code) == (False, "schema_invalid")
+
+
+def test_exact_args_allow_only_those_arguments_in_that_order():
+    policy = "commands:\n  - {id: make-test, bin: make, exact_args: [test, -j2]}\n"
+    assert decide({"bin": "make", "args": ["test", "-j2"]}, policy).allowed
+    for other in (["-j2", "test"], ["test"], ["test", "-j2", "install"], []):
+        decision = decide({"bin": "make", "args": other}, policy)
+        assert (decision.allowed, decision.reason_code) == (False, "arg_denied"), other
+        assert "allows exactly `test -j2`" in decision.message

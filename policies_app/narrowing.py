@@ -1,0 +1,67 @@
+"""From a denial to the narrowest fix: a draft version that allows exactly the denied request.
+
+The rule names the exact program and the exact arguments that were sent, in their order
+(`exact_args`), and carries a test proving it. It is a draft:
+a security admin reads its replay and publishes it, or not. Hard refusals (a path out of the
+workspace, a limit, a malformed request, an inactive session) are not the rules' to waive, and a
+request stored with a redacted secret cannot be allowed exactly: neither is offered."""
+
+import hashlib
+import re
+
+import yaml
+
+from policies_app import services
+from policies_app.document import BARE_NAME
+from policies_app.models import DecisionRecord, PolicyVersion
+
+NARROWABLE = {"bin_not_allowed", "arg_denied", "default_deny"}
+
+
+class NotNarrowable(Exception):
+    pass
+
+
+def why_not(record: DecisionRecord) -> str | None:
+    """Why this denial cannot become a rule, or None when it can."""
+    request = record.request if isinstance(record.request, dict) else {}
+    if record.kind != "exec" or record.reason_code not in NARROWABLE:
+        return f"a `{record.reason_code or record.kind}` refusal is not decided by a command rule"
+    if not isinstance(request.get("bin"), str) or not re.fullmatch(BARE_NAME, request["bin"]):
+        return "the program was given as a path or is not a valid name; only bare names can be allowed"
+    args = request.get("args") or []
+    if not all(isinstance(arg, str) for arg in args):
+        return "the recorded arguments are not strings"
+    if any("[redacted]" in arg for arg in args):
+        return "the request held a secret and was stored redacted, so its exact arguments are unknown"
+    if record.policy_version_id is None:
+        return "no policy version decided it"
+    return None
+
+
+def narrow_rule(record: DecisionRecord) -> dict:
+    reason = why_not(record)
+    if reason:
+        raise NotNarrowable(reason)
+    bin_name, args = record.request["bin"], list(record.request.get("args") or [])
+    digest = hashlib.sha256(repr((bin_name, args)).encode()).hexdigest()[:8]
+    rule_id = f"allow-{re.sub(r'[^a-z0-9._-]', '-', bin_name.lower())[:40]}-{digest}"
+    return {"id": rule_id, "bin": bin_name, "exact_args": args}
+
+
+def draft_allowing(*, record: DecisionRecord, actor) -> PolicyVersion:
+    """A new draft of the policy's current version (the published one, else the one that
+    decided) with the narrow rule and a test for it."""
+    rule = narrow_rule(record)
+    policy = record.policy_version.policy
+    base = policy.published_version() or record.policy_version
+    document = dict(base.document)
+    request = {"bin": rule["bin"], "args": list(record.request.get("args") or [])}
+    document["commands"] = [*document.get("commands", []), rule]
+    document["tests"] = [*document.get("tests", []),
+                         {"request": request, "expect": {"allowed": True, "rule_id": rule["id"]}}]
+    header = (f"# Drafted by \"Allow this\" from denial {record.id} ({record.reason_code}) on v{base.number}:\n"
+              f"# rule {rule['id']} allows exactly `{' '.join([rule['bin'], *request['args']])}`.\n")
+    return services.version_create(
+        policy=policy, source=header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True), actor=actor,
+        note=f"Allow this: `{' '.join([rule['bin'], *request['args']])}` (denial {record.id})", parent=base)
