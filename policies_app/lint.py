@@ -44,11 +44,13 @@ def lint(document: PolicyDocument) -> list[LintWarning]:
 def _lint_rule(rule: CommandRule) -> LintWarning | None:
     if rule.bin in SHELLS:
         return LintWarning(rule.id, f"rule `{rule.id}` allows the shell `{rule.bin}`: it can run arbitrary code")
-    if rule.bin in WRAPPERS and rule.allow_args is None:
+    # Listed arguments (allow_args) or one exact argv (exact_args) bound what the rule can run.
+    restricted = rule.allow_args is not None or rule.exact_args is not None
+    if rule.bin in WRAPPERS and not restricted:
         return LintWarning(rule.id, f"rule `{rule.id}` allows `{rule.bin}`, which runs any program named in its "
                                 f"arguments; add allow_args")
     flags = INLINE_CODE.get(rule.bin)
-    if flags is None or rule.allow_args is not None or (rule.bin in SUBCOMMAND_BINS and rule.prepend_args):
+    if flags is None or restricted or (rule.bin in SUBCOMMAND_BINS and rule.prepend_args):
         return None
     open_flags = [flag for flag in flags if not _denied(rule, flag)]
     if open_flags:

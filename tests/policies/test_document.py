@@ -62,6 +62,8 @@ def test_the_json_schema_is_served_for_the_editor():
         ("{id: npm, bin: npm, prepend_args: [test, '--']}", False),
         ("{id: xargs, bin: xargs}", True),
         ("{id: pytest, bin: pytest}", False),
+        ("{id: py, bin: python3, exact_args: [scripts/check.py]}", False),  # one exact argv
+        ("{id: sh, bin: bash, exact_args: [-c, id]}", True),  # a shell is flagged whatever its arguments
     ],
 )
 def test_lint_flags_rules_that_can_run_arbitrary_code(rule, flagged):
