@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import time
 import uuid
@@ -25,6 +24,8 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from figures import percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
 
 
 def prepare_database(url: str) -> None:
@@ -105,9 +106,6 @@ def load(rows: int, tenant, version) -> float:
     return time.perf_counter() - started
 
 
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.95 * len(ordered)) - 1)]
 
 
 def measure(function, runs: int) -> tuple[float, float]:

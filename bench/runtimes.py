@@ -9,7 +9,6 @@ create p95 <= 400 ms, exec p95 <= 80 ms; gVisor create p95 <= 700 ms."""
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ import django
 
 django.setup()
 
+from figures import percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
+
 from sessions.runtimes import DRIVERS, get_driver  # noqa: E402
 from sessions.runtimes.base import ExitStatus, RuntimeUnavailable, SandboxSpec  # noqa: E402
 
@@ -34,10 +35,6 @@ def ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * len(ordered)) - 1)]
-    return statistics.median(ordered), p95
 
 
 def run_exec(driver, sandbox, argv) -> float:

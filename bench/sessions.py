@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from figures import percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
 from websockets.sync.client import connect  # noqa: E402
 
 from sessions.runtimes import get_driver  # noqa: E402
@@ -54,9 +54,6 @@ SEED = ("import os; from controlplane.models import Tenant; from policies_app im
 STAMPS = b"import time\nfor _ in range(40):\n    print(repr(time.time()), flush=True)\n    time.sleep(0.02)\n"
 
 
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.95 * len(ordered)) - 1)]
 
 
 def line(name: str, samples: list[float], target: float | None = None) -> str:

@@ -22,19 +22,9 @@ def publish(group: str, event: dict) -> None:
     layer = get_channel_layer()
     runner = local_runner()
     if runner is not None and runner.loop is not None and runner.loop.is_running():
-        if _on_loop(runner.loop):
-            runner.loop.create_task(layer.group_send(group, message))
-        else:
-            asyncio.run_coroutine_threadsafe(layer.group_send(group, message), runner.loop)
+        asyncio.run_coroutine_threadsafe(layer.group_send(group, message), runner.loop)
         return
     async_to_sync(layer.group_send)(group, message)
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
 
 
 def publish_on_commit(group: str, event: dict) -> None:

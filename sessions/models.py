@@ -95,12 +95,6 @@ class Session(models.Model):
         running = [c for c in self.commands.all() if c.state == CommandState.RUNNING]
         return " ".join(running[-1].argv)[:200] if running else ""
 
-    @property
-    def limits(self) -> dict:
-        from policies_app.document import PolicyDocument
-
-        return PolicyDocument.model_validate(self.policy_version.document).limits.model_dump()
-
 
 class CommandState(models.TextChoices):
     QUEUED = "queued"
@@ -164,10 +158,6 @@ class Runner(models.Model):
 
     def __str__(self) -> str:
         return f"runner {self.id}"
-
-    @property
-    def channel(self) -> str:
-        return runner_channel(self.id)
 
 
 def runner_channel(runner_id: str) -> str:

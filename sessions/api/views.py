@@ -99,11 +99,7 @@ def session_create(request):
 def session_detail(request, session_id):
     session = session_for(request, session_id)
     if request.method == "DELETE":
-        try:
-            session = broker.session_stop(session=session, state=SessionState.ENDED, actor=_actor(request),
-                                          reason="ended through the API")
-        except broker.BrokerError as exc:
-            return _broker_error(exc)
+        return _stop(request, session, SessionState.ENDED, "ended through the API")
     return Response(s.SessionSerializer(session).data)
 
 
@@ -113,10 +109,12 @@ def session_detail(request, session_id):
 @authentication_classes(AUTH)
 @permission_classes([IsAuthenticated])
 def session_kill(request, session_id):
-    session = session_for(request, session_id)
+    return _stop(request, session_for(request, session_id), SessionState.KILLED, "killed through the API")
+
+
+def _stop(request, session, state: str, reason: str) -> Response:
     try:
-        session = broker.session_stop(session=session, state=SessionState.KILLED, actor=_actor(request),
-                                      reason="killed through the API")
+        session = broker.session_stop(session=session, state=state, actor=_actor(request), reason=reason)
     except broker.BrokerError as exc:
         return _broker_error(exc)
     return Response(s.SessionSerializer(session).data)
