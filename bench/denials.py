@@ -1,7 +1,7 @@
 """The Denials page and its API on real volume: loads 1,000,000 decisions (30 days of one tenant,
 35 % denials, 5 % audit-mode would-be denials; sessions of ~30 min, conversations of ~2 h) into a
-PostgreSQL database of its own with COPY, builds their hourly rollups with one INSERT … SELECT
-per grouping (what recording each denial does one row at a time), then
+PostgreSQL database of its own with COPY, builds their hourly rollups (what recording each
+decision does one row at a time: counted while loading, and one INSERT … SELECT per grouping), then
 prints p50 / p95 of the page (rendered, logged in) and of GET /api/v1/denials for the 24 h,
 7 d and 30 d periods, beside a baseline measured in the same run: a bare COUNT(*) of the
 period's denials.
@@ -18,6 +18,7 @@ import random
 import sys
 import time
 import uuid
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -68,6 +69,9 @@ def load(rows: int, tenant, version) -> float:
     columns = ["id", "tenant_id", "session_id", "conversation_id", "policy_version_id", "mode", "kind", "request",
                "subject", "allowed", "effect", "reason_code", "rule_id", "message", "hint", "eval_us", "created_at",
                "shadow_allowed", "shadow_effect", "shadow_reason_code", "shadow_rule_id"]
+    from policies_app.rollups import argument_pattern
+
+    base_rows = Counter()
     started = time.perf_counter()
     with connection.cursor() as cursor:
         copy_sql = f"COPY policies_app_decisionrecord ({', '.join(columns)}) FROM STDIN"
@@ -89,20 +93,29 @@ def load(rows: int, tenant, version) -> float:
                     effect = "audit_deny" if roll > 0.95 else "deny"
                     values = (effect == "audit_deny", effect, reason, rule, f"denied: {reason}", "a hint")
                 allowed, effect, reason_code, rule_id, message, hint = values
+                base_rows[(at.replace(minute=0, second=0, microsecond=0), effect, reason_code, rule_id, subject,
+                           "" if effect == "allow" else argument_pattern(request))] += 1
                 copy.write_row((uuid.UUID(int=rng.getrandbits(128)), tenant.pk, session, conversation, version.pk,
                                 "enforce", "exec", json.dumps(request), subject, allowed, effect, reason_code, rule_id,
                                 message, hint, rng.randrange(5, 40), at, None, "", "", ""))
-        # The hourly rollups, as recording each denial would have built them (rollups.py).
-        for group_kind, value in (("''", "''"), ("'conversation'", "conversation_id"),
-                                  ("'session'", "session_id::text")):
-            keep = "rule_id, subject" if group_kind == "''" else "'', ''"
+        # The hourly rollups, as recording each decision would have built them (rollups.py):
+        # every decision by rule, program and (a denial) argument pattern, counted while
+        # generating; denials also by conversation and session, grouped by PostgreSQL.
+        columns = ["tenant_id", "hour", "effect", "reason_code", "version_id", "rule_id", "subject", "pattern",
+                   "group_kind", "group_value", "count"]
+        with cursor.cursor.copy(f"COPY policies_app_decisionrollup ({', '.join(columns)}) FROM STDIN") as copy:
+            for (hour, effect, reason_code, rule_id, subject, pattern), count in base_rows.items():
+                copy.write_row((tenant.pk, hour, effect, reason_code, version.pk, rule_id, subject, pattern, "", "",
+                                count))
+        for group_kind, value in (("conversation", "conversation_id"), ("session", "session_id::text")):
             cursor.execute(
-                "INSERT INTO policies_app_denialrollup (tenant_id, hour, effect, reason_code, version_id, rule_id, "  # noqa: S608 - fixed text
-                "subject, group_kind, group_value, count) SELECT tenant_id, date_trunc('hour', created_at), effect, "
-                f"reason_code, coalesce(policy_version_id, 0), {keep}, {group_kind}, {value}, count(*) "
-                "FROM policies_app_decisionrecord WHERE effect <> 'allow' GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9")
+                "INSERT INTO policies_app_decisionrollup (tenant_id, hour, effect, reason_code, version_id, "  # noqa: S608 - fixed text
+                "rule_id, subject, pattern, group_kind, group_value, count) SELECT tenant_id, "
+                "date_trunc('hour', created_at), effect, reason_code, coalesce(policy_version_id, 0), '', '', '', "
+                f"'{group_kind}', {value}, count(*) FROM policies_app_decisionrecord WHERE effect <> 'allow' "
+                "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10")
         cursor.execute("ANALYZE policies_app_decisionrecord")
-        cursor.execute("ANALYZE policies_app_denialrollup")
+        cursor.execute("ANALYZE policies_app_decisionrollup")
     return time.perf_counter() - started
 
 
@@ -135,6 +148,7 @@ def main() -> None:
     from controlplane.models import ApiKeyScope
     from controlplane.roles import Role
     from policies_app import services as policy_services
+    from policies_app.models import PolicyPublication
 
     tenant = services.tenant_create(slug="bench", name="Bench")
     admin = services.user_create(username="bench-admin").user
@@ -142,6 +156,10 @@ def main() -> None:
     policy = policy_services.policy_create(tenant=tenant, name="default", actor=None)
     version = policy_services.version_create(policy=policy, actor=None,
                                              source="commands:\n  - {id: pytest, bin: pytest}\n")
+    # Published half-way through the 30 days, so the insights ("new since", dormant rules,
+    # denial rate by version) have both halves to compare.
+    publication = policy_services.version_publish(version=version, actor=None, note="bench")
+    PolicyPublication.objects.filter(pk=publication.pk).update(created_at=timezone.now() - timedelta(days=15))
     key = services.api_key_create(tenant=tenant, name="bench", scopes=[ApiKeyScope.POLICIES_READ], actor=None).key
     seconds = load(options.rows, tenant, version)
     print(f"Denials benchmark: {options.rows:,} decisions loaded into PostgreSQL in {seconds:.1f} s")

@@ -43,6 +43,19 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     return value
 
 
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if not value >= minimum:  # also refuses nan
+        raise ImproperlyConfigured(f"{name}={value} is below its minimum of {minimum}")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:

@@ -46,6 +46,7 @@ class ApiKeyScope(models.TextChoices):
     SESSIONS = "sessions", "sessions: create and drive sessions, run commands, read their files"
     POLICIES_READ = "policies:read", "policies:read: read policies, versions and decisions"
     POLICIES_WRITE = "policies:write", "policies:write: draft, test, replay and publish policies"
+    METRICS = "metrics:read", "metrics:read: read this tenant's operations metrics at /metrics"
 
 
 class ApiKey(models.Model):

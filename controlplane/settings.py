@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.env import database_from_url, env_bool, env_int, env_list, env_str
+from controlplane.env import database_from_url, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("AIRLOCK_DATA_DIR", str(BASE_DIR / "var")))
@@ -193,6 +193,18 @@ AIRLOCK_REDACT_VALUES = env_list("AIRLOCK_REDACT_VALUES", [])
 
 # Decisions older than this are deleted by `manage.py prune_decisions` (run it daily).
 AIRLOCK_DECISION_RETENTION_DAYS = env_int("AIRLOCK_DECISION_RETENTION_DAYS", 90, minimum=1)
+
+# Operations metrics: what a CPU-second and a megabyte-hour of workspace storage cost (the
+# defaults are about a cloud vCPU and block storage, in US dollars), and the token that
+# /metrics (Prometheus) asks for; a tenant's API key with scope metrics:read also reads it,
+# for its own tenant only.
+AIRLOCK_COST_PER_CPU_SECOND = env_float("AIRLOCK_COST_PER_CPU_SECOND", 0.000012)
+AIRLOCK_COST_PER_MB_HOUR = env_float("AIRLOCK_COST_PER_MB_HOUR", 0.00000011)
+AIRLOCK_COST_CURRENCY = env_str("AIRLOCK_COST_CURRENCY", "USD")
+AIRLOCK_METRICS_TOKEN = env_str("AIRLOCK_METRICS_TOKEN")
+if AIRLOCK_METRICS_TOKEN and len(AIRLOCK_METRICS_TOKEN) < 24:
+    raise ImproperlyConfigured("AIRLOCK_METRICS_TOKEN is shorter than 24 characters; generate one with: "
+                               "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
 
 # How often an API key's last-used time is written: once per key per this many seconds.
 AIRLOCK_KEY_TOUCH_INTERVAL_S = env_int("AIRLOCK_KEY_TOUCH_INTERVAL_S", 60)

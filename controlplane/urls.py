@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane import views
 from controlplane.api.views import healthz
+from sessions import prometheus
 
 tenant_patterns = [
     path("audit/", views.audit, name="audit"),
@@ -29,6 +30,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("healthz", healthz, name="healthz"),
+    path("metrics", prometheus.metrics, name="prometheus-metrics"),
     path("admin/", admin.site.urls),
 ]
 

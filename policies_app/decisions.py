@@ -14,10 +14,11 @@ from django.utils import timezone
 
 from controlplane.models import Tenant
 from controlplane.redaction import redact, redact_data
+from policies_app import exceptions
 from policies_app.document import PolicyDocument
 from policies_app.engine import CompiledPolicy, Decision, VersionRef, compile_policy, evaluate, evaluate_egress
 from policies_app.models import DecisionRecord, Policy, PolicyVersion
-from policies_app.rollups import count_denial
+from policies_app.rollups import count_decision
 from policies_app.services import version_ref
 
 COMPILED_CACHE_SIZE = 256
@@ -59,18 +60,23 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
            version: PolicyVersion | None = None, secrets: Iterable[str] = (), record: bool = True,
            kind: str = "exec", at: datetime | None = None) -> Evaluation:
     """Judge one request of `kind` (exec: a command; egress: an outbound connection) with
-    `version` (default: the policy's published one)."""
+    `version` (default: the policy's published one), then the policy's exceptions. A use of an
+    exception is counted only when the decision is recorded."""
     judge = EVALUATORS[kind]
     version = version or (policy.published_version() if policy is not None else None)
+    at = at or timezone.now()
     started = time.perf_counter_ns()
-    decision = judge(compiled_version(version), request) if version else _nothing_published(policy)
+    decision = judge(compiled_version(version), request, at) if version else _nothing_published(policy)
     eval_us = (time.perf_counter_ns() - started) // 1000
+    if kind == "exec" and version is not None:
+        decision = exceptions.apply(tenant=tenant, policy=policy, request=request, decision=decision, at=at,
+                                    count=record)
     shadow_version = policy.shadow_version if policy is not None and policy.shadow_version_id else None
-    shadow = judge(compiled_version(shadow_version), request) if shadow_version else None
+    shadow = judge(compiled_version(shadow_version), request, at) if shadow_version else None
     stored = None
     if record:
         stored = _store(tenant, version, kind, request, decision, eval_us, session_id, conversation_id,
-                        tuple(secrets), created_at=at or timezone.now(), shadow_version=shadow_version,
+                        tuple(secrets), created_at=at, shadow_version=shadow_version,
                         shadow_allowed=shadow.allowed if shadow else None,
                         shadow_effect=shadow.effect if shadow else "",
                         shadow_reason_code=(shadow.reason_code or "") if shadow else "",
@@ -110,7 +116,7 @@ def _store(tenant, version, kind, request, decision: Decision, eval_us: int, ses
             effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
             message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us, **extra,
         )
-        count_denial(record)
+        count_decision(record)
     return record
 
 
@@ -169,9 +175,10 @@ class ReplayResult:
 def replay(*, policy: Policy, compiled: CompiledPolicy, limit: int = REPLAY_DEFAULT, examples: int = 3) -> ReplayResult:
     """Re-judge the last `limit` requests recorded under this policy; report where the verdict
     flips. A verdict is the rules' (effect `allow` or not), so audit mode does not hide a flip.
-    Requests are stored redacted, so a flip that hinges on a redacted value is not seen."""
+    Requests are stored redacted, so a flip that hinges on a redacted value is not seen; what an
+    exception allowed is not the rules' verdict and is left out."""
     records = (DecisionRecord.objects.filter(tenant=policy.tenant, kind__in=EVALUATORS, policy_version__policy=policy)
-               .order_by("-created_at")
+               .exclude(rule_id__startswith=exceptions.RULE_PREFIX).order_by("-created_at")
                .values_list("request", "effect", "kind")[:limit])
     groups: dict[tuple, FlipGroup] = {}
     replayed = widenings = breakages = 0

@@ -3,16 +3,23 @@ conversation and session; filters; drill-down to one decision; CSV and JSON expo
 
 import csv
 import json
+from datetime import timedelta
 
 from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.db.models import Q
 from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane.decorators import tenant_view
 from policies_app import denials as metrics
-from policies_app import narrowing
+from policies_app import exceptions, insights, narrowing
 from policies_app.document import DocumentError
+from policies_app.exceptions import exception_from_denial, exception_list
+from policies_app.forms import LIFETIMES, AllowThisForm, ExceptionForm
 from policies_app.models import DecisionRecord, PolicyVersion
 from policies_app.views import render_version
 
@@ -27,13 +34,14 @@ def denials(request):
     if export in {"csv", "json"}:
         return _export(query, export, request.tenant.slug)
     summary = metrics.summary(query)
+    insight = insights.insights(query, form.since())
     recent = query.records().select_related("policy_version__policy").order_by("-created_at")[:50]
     chart = {"labels": [b["at"].strftime("%m-%d %H:00" if query.hourly else "%Y-%m-%d") for b in summary["over_time"]],
              "counts": [b["count"] for b in summary["over_time"]], "unit": "hour" if query.hourly else "day"}
     versions = PolicyVersion.objects.filter(policy__tenant=request.tenant).select_related("policy").order_by(
         "policy__name", "-number")
     return render(request, "policies_app/denials.html", {
-        "section": "denials", "form": form, "summary": summary, "recent": recent, "chart": chart,
+        "section": "denials", "form": form, "summary": summary, "insights": insight, "recent": recent, "chart": chart,
         "versions": versions, "query_string": request.GET.urlencode(),
     })
 
@@ -89,9 +97,18 @@ def _denial(request, decision_id) -> DecisionRecord:
 
 @tenant_view("read")
 def denial_detail(request, decision_id):
-    record = _denial(request, decision_id)
+    return _render_denial(request, _denial(request, decision_id))
+
+
+def _render_denial(request, record: DecisionRecord, exception_form: ExceptionForm | None = None, status: int = 200):
     return render(request, "policies_app/denial_detail.html", {
-        "section": "denials", "record": record, "not_narrowable": narrowing.why_not(record)})
+        "section": "denials", "record": record, "not_narrowable": narrowing.why_not(record),
+        "allow_form": AllowThisForm(), "exception_form": exception_form or ExceptionForm(),
+        "exceptions": exception_list(request.tenant).filter(from_decision=record.pk)}, status=status)
+
+
+def _lifetime(key: str | None):
+    return timezone.now() + timedelta(hours=LIFETIMES[key]) if key else None
 
 
 @require_POST
@@ -99,11 +116,60 @@ def denial_detail(request, decision_id):
 def denial_allow(request, decision_id):
     """"Allow this": draft the narrowest rule and show the draft with its replay. Never publishes."""
     record = _denial(request, decision_id)
+    form = AllowThisForm(request.POST)
     try:
-        version = narrowing.draft_allowing(record=record, actor=request.user)
+        if not form.is_valid():
+            raise narrowing.NotNarrowable("choose when the rule expires, or never")
+        version = narrowing.draft_allowing(record=record, actor=request.user,
+                                           expires=_lifetime(form.cleaned_data["expires"]))
     except (narrowing.NotNarrowable, DocumentError) as exc:
         messages.error(request, f"Cannot draft a rule for this denial: {exc}")
         return redirect("denial", request.tenant.slug, record.pk)
     messages.success(request, f"Drafted v{version.number} with the narrowest rule. Its replay is below: check what "
                      "else it would allow, then publish it (nothing is published by itself).")
     return render_version(request, version, with_replay=True, status=201)
+
+
+@require_POST
+@tenant_view("edit_policy")
+def denial_except(request, decision_id):
+    """Grant a temporary exception for exactly this denied command."""
+    record = _denial(request, decision_id)
+    form = ExceptionForm(request.POST)
+    if form.is_valid():
+        try:
+            grant = exception_from_denial(record=record, expires_at=_lifetime(form.cleaned_data["lifetime"]),
+                                          reason=form.cleaned_data["reason"], ticket=form.cleaned_data["ticket"],
+                                          actor=request.user)
+        except ValidationError as exc:
+            for field, errors in exc.message_dict.items():
+                form.add_error(field if field in form.fields else None, errors)
+        else:
+            messages.success(request, f"Exception {grant.short_id} allows exactly `{grant.command}` until "
+                             f"{grant.expires_at:%Y-%m-%d %H:%M} UTC. Each use is counted below.")
+            return redirect("exceptions", request.tenant.slug)
+    return _render_denial(request, record, form, status=400)
+
+
+@tenant_view("read")
+def exception_page(request):
+    grants = exception_list(request.tenant).order_by("-created_at")
+    state = request.GET.get("state", "")
+    now = timezone.now()
+    if state == "active":
+        grants = grants.filter(revoked_at__isnull=True, expires_at__gt=now)
+    elif state == "ended":
+        grants = grants.filter(Q(revoked_at__isnull=False) | Q(expires_at__lte=now))
+    page = Paginator(grants, 50).get_page(request.GET.get("page"))
+    return render(request, "policies_app/exceptions.html", {
+        "section": "exceptions", "page": page, "state": state, "query": f"state={state}" if state else ""})
+
+
+@require_POST
+@tenant_view("edit_policy")
+def exception_revoke(request, exception_id):
+    grant = get_object_or_404(exception_list(request.tenant), pk=exception_id)
+    exceptions.exception_revoke(grant=grant, actor=request.user)
+    messages.success(request, f"Exception {grant.short_id} is revoked: `{grant.command}` is judged by the rules "
+                     "alone again.")
+    return redirect("exceptions", request.tenant.slug)

@@ -4,12 +4,13 @@ the hour the period starts in. Real denials (effect `deny`) and audit mode's wou
 (`audit_deny`, allowed anyway) are never mixed: the mode filter picks one or the other.
 
 Counts come from the hourly rollups (policies_app/rollups.py), so they cost the same for a day
-or a month; the list, the export and the argument patterns read the decision log itself."""
+or a month; the list and the export read the decision log itself."""
 
-import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
+from typing import NamedTuple
 
 from django import forms
 from django.db.models import QuerySet, Sum
@@ -18,16 +19,16 @@ from django.utils import timezone
 
 from controlplane.models import Tenant
 from policies_app.document import ReasonCode
-from policies_app.models import DecisionRecord, DenialRollup, PolicyVersion
+from policies_app.models import DecisionRecord, DecisionRollup, PolicyVersion
 from policies_app.rollups import hour_of
 
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 MODES = {"enforce": "deny", "audit": "audit_deny"}
 # dimension -> (the rollup rows it is counted in, the column that holds its value)
 DIMENSIONS = {"reason": ("", "reason_code"), "rule": ("", "rule_id"), "subject": ("", "subject"),
-              "conversation": ("conversation", "group_value"), "session": ("session", "group_value")}
+              "pattern": ("", "pattern"), "conversation": ("conversation", "group_value"),
+              "session": ("session", "group_value")}
 TOP = 10
-PATTERN_SAMPLE = 5000  # argument patterns are computed over the newest denials of the period
 
 
 class DenialFilter(forms.Form):
@@ -36,16 +37,28 @@ class DenialFilter(forms.Form):
     mode = forms.ChoiceField(choices=[("enforce", "denied (enforce)"), ("audit", "would be denied (audit)")],
                              required=False)
     version = forms.IntegerField(required=False, min_value=1)
+    since_version = forms.IntegerField(required=False, min_value=1)  # insights: what is new since this version
 
     def __init__(self, *args, tenant: Tenant, **kwargs):
         super().__init__(*args, **kwargs)
         self.tenant = tenant
 
-    def clean_version(self):
-        version_id = self.cleaned_data.get("version")
+    def _tenant_version(self, name: str) -> int | None:
+        version_id = self.cleaned_data.get(name)
         if version_id and not PolicyVersion.objects.filter(pk=version_id, policy__tenant=self.tenant).exists():
             raise forms.ValidationError("no such policy version in this tenant")
         return version_id
+
+    def clean_version(self):
+        return self._tenant_version("version")
+
+    def clean_since_version(self):
+        return self._tenant_version("since_version")
+
+    def since(self) -> PolicyVersion | None:
+        """The version insights count "new since" from, when one was chosen."""
+        version_id = self.cleaned_data.get("since_version")
+        return PolicyVersion.objects.select_related("policy").get(pk=version_id) if version_id else None
 
     def query(self, *, now: datetime | None = None) -> "DenialQuery":
         data = self.cleaned_data
@@ -53,6 +66,16 @@ class DenialFilter(forms.Form):
         return DenialQuery(tenant=self.tenant, since=until - PERIODS[data.get("period") or "24h"], until=until,
                            effect=MODES[data.get("mode") or "enforce"], reason=data.get("reason") or "",
                            version_id=data.get("version"))
+
+
+class Keyed(NamedTuple):
+    effect: str
+    reason_code: str
+    version_id: int
+    rule_id: str
+    subject: str
+    pattern: str
+    n: int
 
 
 @dataclass(frozen=True)
@@ -77,8 +100,8 @@ class DenialQuery:
             records = records.filter(policy_version_id=self.version_id)
         return records
 
-    def rollups(self, group_kind: str = "") -> QuerySet[DenialRollup]:
-        rows = DenialRollup.objects.filter(tenant=self.tenant, effect=self.effect, group_kind=group_kind,
+    def rollups(self, group_kind: str = "") -> QuerySet[DecisionRollup]:
+        rows = DecisionRollup.objects.filter(tenant=self.tenant, effect=self.effect, group_kind=group_kind,
                                            hour__gte=self.start, hour__lt=self.until)
         if self.reason:
             rows = rows.filter(reason_code=self.reason)
@@ -86,8 +109,26 @@ class DenialQuery:
             rows = rows.filter(version_id=self.version_id)
         return rows
 
-    def total(self) -> int:
-        return self.rollups().aggregate(n=Sum("count"))["n"] or 0
+    @cached_property
+    def keyed(self) -> list[Keyed]:
+        """The period's counts by every key of the rollups' main rows, whatever the effect,
+        reason and version filters: one scan that the totals, the breakdowns and the dormant
+        rules (insights) all read."""
+        rows = (DecisionRollup.objects.filter(tenant=self.tenant, group_kind="", hour__gte=self.start,
+                                              hour__lt=self.until)
+                .values_list("effect", "reason_code", "version_id", "rule_id", "subject", "pattern")
+                .annotate(n=Sum("count")))
+        return [Keyed(*row) for row in rows]
+
+    def chosen(self, effect: str | None = None) -> list[Keyed]:
+        """The keyed counts this query's filters select (of `effect`, by default its own)."""
+        effect = effect or self.effect
+        return [row for row in self.keyed
+                if row.effect == effect and (not self.reason or row.reason_code == self.reason)
+                and (not self.version_id or row.version_id == self.version_id)]
+
+    def total(self, effect: str | None = None) -> int:
+        return sum(row.n for row in self.chosen(effect))
 
     @property
     def hourly(self) -> bool:
@@ -109,49 +150,29 @@ def over_time(query: DenialQuery) -> list[dict]:
 
 def top(query: DenialQuery, dimension: str, limit: int = TOP) -> list[dict]:
     group_kind, field = DIMENSIONS[dimension]
+    if group_kind == "":
+        counts = Counter()
+        for row in query.chosen():
+            counts[getattr(row, field)] += row.n
+        if dimension == "pattern":  # only a command has an argument pattern
+            counts.pop("", None)
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:limit]
+        return [{"value": value, "count": n} for value, n in ranked]
     rows = query.rollups(group_kind).values(field).annotate(n=Sum("count")).order_by("-n", field)[:limit]
     return [{"value": row[field], "count": row["n"]} for row in rows]
-
-
-_NUMBER = re.compile(r"^\d+$")
-
-
-def argument_pattern(request: dict) -> str:
-    """A denied request's shape: its program with each argument reduced to what kind it is, so
-    that `pytest tests/a.py` and `pytest tests/b.py` group together."""
-    if not isinstance(request, dict):
-        return ""
-    shapes = []
-    for arg in request.get("args") or []:
-        if not isinstance(arg, str):
-            continue
-        if arg.startswith("-"):
-            shapes.append(arg.split("=", 1)[0] + ("=…" if "=" in arg else ""))
-        elif _NUMBER.match(arg):
-            shapes.append("<n>")
-        elif "/" in arg or "." in arg:
-            shapes.append("<path>")
-        else:
-            shapes.append("<arg>")
-    return " ".join([str(request.get("bin", "")), *shapes]).strip()
-
-
-def argument_patterns(query: DenialQuery, limit: int = TOP) -> list[dict]:
-    requests = query.records().filter(kind="exec").order_by("-created_at").values_list("request", flat=True)
-    counts = Counter(argument_pattern(request) for request in requests[:PATTERN_SAMPLE])
-    return [{"value": pattern, "count": n} for pattern, n in counts.most_common(limit)]
 
 
 def summary(query: DenialQuery) -> dict:
     """Everything the Denials page and its API show for one query."""
     apart = "audit_deny" if query.effect == "deny" else "deny"
+    by = {dimension: top(query, dimension) for dimension in DIMENSIONS}
     return {
         "since": query.start, "until": query.until, "mode": "audit" if query.effect == "audit_deny" else "enforce",
         "total": query.total(),
-        "other_mode_total": replace(query, effect=apart).total(),
+        "other_mode_total": query.total(apart),
         "over_time": over_time(query),
-        "by": {dimension: top(query, dimension) for dimension in DIMENSIONS},
-        "argument_patterns": argument_patterns(query),
+        "argument_patterns": by.pop("pattern"),
+        "by": by,
     }
 
 

@@ -7,7 +7,7 @@ import re
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # The closed set of reason codes (DESIGN.md §3).
 ReasonCode = Literal[
@@ -58,6 +58,8 @@ class CommandRule(Strict):
     max_args: int | None = Field(None, ge=0, le=1000)
     exact_args: list[str] | None = Field(
         None, max_length=1000, description="when set, the arguments must be exactly these, in this order")
+    expires: AwareDatetime | None = Field(
+        None, description="when set, the rule allows nothing from this instant on (ISO 8601 with a time zone)")
 
     @field_validator("bin")
     @classmethod

@@ -8,6 +8,7 @@ import difflib
 import posixpath
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
@@ -51,6 +52,7 @@ class CompiledPolicy:
     document: PolicyDocument
     ref: VersionRef
     rules_by_bin: dict[str, tuple[CompiledRule, ...]]
+    expiring: frozenset[str] = frozenset()  # programs with a rule that has an `expires`
 
 
 def compile_policy(document: PolicyDocument, ref: VersionRef) -> CompiledPolicy:
@@ -61,7 +63,8 @@ def compile_policy(document: PolicyDocument, ref: VersionRef) -> CompiledPolicy:
             deny=tuple(re.compile(pattern) for pattern in rule.deny_args),
             allow=tuple(re.compile(pattern) for pattern in rule.allow_args) if rule.allow_args is not None else None,
         ))
-    return CompiledPolicy(document=document, ref=ref, rules_by_bin={k: tuple(v) for k, v in rules.items()})
+    return CompiledPolicy(document=document, ref=ref, rules_by_bin={k: tuple(v) for k, v in rules.items()},
+                          expiring=frozenset(rule.bin for rule in document.commands if rule.expires))
 
 
 # -- evaluation ----------------------------------------------------------------------------
@@ -75,8 +78,9 @@ class _Refusal:
     hard: bool = False  # refused whatever the mode: nothing safe to run (audit mode does not waive it)
 
 
-def evaluate(compiled: CompiledPolicy, request: dict | ExecRequest) -> Decision:
-    """Decide one exec request: `{bin, args, cwd?, timeout_s?}`."""
+def evaluate(compiled: CompiledPolicy, request: dict | ExecRequest, at: datetime | None = None) -> Decision:
+    """Decide one exec request: `{bin, args, cwd?, timeout_s?}`, at `at` (default now: it
+    matters only to a rule with an `expires`)."""
     if not isinstance(request, ExecRequest):
         try:
             request = ExecRequest.model_validate(request)
@@ -85,11 +89,11 @@ def evaluate(compiled: CompiledPolicy, request: dict | ExecRequest) -> Decision:
             return _decide(compiled, _Refusal("schema_invalid", None, f"the request is not valid ({problems})",
                                               "send {bin: <name>, args: [<string>, …], cwd?, timeout_s?}",
                                               hard=True))
-    refusal, rule = _check_exec(compiled, request)
+    refusal, rule = _check_exec(compiled, request, at)
     return _decide(compiled, refusal, rule, request)
 
 
-def evaluate_egress(compiled: CompiledPolicy, request: dict | EgressRequest) -> Decision:
+def evaluate_egress(compiled: CompiledPolicy, request: dict | EgressRequest, at: datetime | None = None) -> Decision:
     """Decide one outbound connection `{host, port}`: allowed only when the policy's network
     section is an allowlist that names exactly this host and port."""
     ref, network = compiled.ref, compiled.document.network
@@ -140,7 +144,8 @@ def _argv(rule: CommandRule | None, request: ExecRequest | None) -> tuple[str, .
     return (request.bin, *prepend, *request.args)
 
 
-def _check_exec(compiled: CompiledPolicy, request: ExecRequest) -> tuple[_Refusal | None, CommandRule | None]:
+def _check_exec(compiled: CompiledPolicy, request: ExecRequest,
+                at: datetime | None) -> tuple[_Refusal | None, CommandRule | None]:
     ref, limits = compiled.ref, compiled.document.limits
     if "/" in request.bin or not request.bin:
         return _Refusal("bin_not_allowed", None, f"`{request.bin}` is a path; commands are named, not located",
@@ -151,12 +156,21 @@ def _check_exec(compiled: CompiledPolicy, request: ExecRequest) -> tuple[_Refusa
                         f"timeout_s {request.timeout_s} is above the limit of {limits.command_timeout_s} s",
                         f"ask for at most {limits.command_timeout_s} s, or a security admin can raise "
                         f"limits.command_timeout_s in {ref.label()}", hard=True), None
-    if _escape(request.cwd, WORKSPACE) is not None:
+    if path_escape(request.cwd, WORKSPACE) is not None:
         return _Refusal("path_outside_workspace", None, f"cwd `{request.cwd}` is outside {WORKSPACE}",
                         f"use a cwd inside {WORKSPACE}", hard=True), None
     rules = compiled.rules_by_bin.get(request.bin)
     if not rules:
         return _bin_not_allowed(compiled, request.bin), None
+    if request.bin in compiled.expiring:
+        now = at or datetime.now(UTC)
+        live = tuple(r for r in rules if r.rule.expires is None or r.rule.expires > now)
+        if not live:
+            last = max(rules, key=lambda r: r.rule.expires).rule
+            return _Refusal("bin_not_allowed", last.id, f"rule `{last.id}` for `{request.bin}` expired at "
+                            f"{last.expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC",
+                            f"a security admin can renew rule `{last.id}` (a later `expires`) in {ref.label()}"), None
+        rules = live
     first_refusal = None
     for compiled_rule in rules:
         refusal = _check_args(compiled, compiled_rule, request)
@@ -202,8 +216,8 @@ def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: 
                             f"`{rule.id}`", f"rule `{rule.id}` allows only arguments matching {allowed}; a security "
                             f"admin can widen it")
         if compiled.document.filesystem.arg_paths == "workspace_only":
-            for value in _path_candidates(arg):
-                if _escape(value, request.cwd) is not None:
+            for value in path_candidates(arg):
+                if path_escape(value, request.cwd) is not None:
                     return _Refusal("path_outside_workspace", rule.id,
                                     f"argument {position} `{arg}` points outside {WORKSPACE}",
                                     f"use paths inside {WORKSPACE} (relative paths resolve from the cwd)")
@@ -213,7 +227,7 @@ def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: 
 URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*")
 
 
-def _path_candidates(arg: str) -> list[str]:
+def path_candidates(arg: str) -> list[str]:
     """Every part of an argument that may name a path: the argument, an attached short-option
     value (`-o/etc/x`), the pieces around `=`, `:`, `,` and `@` (`--out=../x`, `x:/etc`,
     `@/etc/x`), a `file://` URL's path. Other URLs are not paths. A relative piece without a `..`
@@ -225,7 +239,7 @@ def _path_candidates(arg: str) -> list[str]:
     return [piece for piece in pieces if piece.startswith(("/", "~")) or ".." in piece.split("/")]
 
 
-def _escape(path: str, cwd: str) -> str | None:
+def path_escape(path: str, cwd: str) -> str | None:
     """The normalised path when it leaves the workspace, else None."""
     if path.startswith("~"):
         return path

@@ -17,3 +17,19 @@ class NoteForm(forms.Form):
 
 class ReplayForm(forms.Form):
     limit = forms.IntegerField(min_value=1, max_value=20_000, initial=10_000, required=False)
+
+
+LIFETIMES = {"1h": 1, "8h": 8, "24h": 24, "7d": 7 * 24, "30d": 30 * 24}  # hours
+
+
+class ExceptionForm(forms.Form):
+    """A temporary exception granted from a denial: how long, and why."""
+
+    lifetime = forms.ChoiceField(choices=[(key, key) for key in LIFETIMES], initial="24h",
+                                 help_text="it is never honoured after this")
+    reason = forms.CharField(min_length=3, max_length=2000, help_text="why it cannot wait for a policy version")
+    ticket = forms.CharField(required=False, max_length=100, help_text="e.g. SEC-1234")
+
+
+class AllowThisForm(forms.Form):
+    expires = forms.ChoiceField(choices=[("", "never"), *((key, key) for key in LIFETIMES)], required=False)

@@ -4,6 +4,7 @@ argument rules that close its code-running flags."""
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from policies_app.document import CommandRule, PolicyDocument
 
@@ -32,9 +33,13 @@ class LintWarning:
 
 def lint(document: PolicyDocument) -> list[LintWarning]:
     warnings = []
+    now = datetime.now(UTC)
     for rule in document.commands:
         if (warning := _lint_rule(rule)) is not None:
             warnings.append(warning)
+        if rule.expires is not None and rule.expires <= now:
+            expired = f"{rule.expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+            warnings.append(LintWarning(rule.id, f"rule `{rule.id}` expired at {expired}: it allows nothing"))
     if document.network.egress == "allowlist":
         warnings.append(LintWarning("network", "egress `allowlist` is not enforced yet: sandboxes have no network "
                                                "at all until the egress proxy ships"))

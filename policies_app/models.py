@@ -141,8 +141,10 @@ class DecisionRecord(models.Model):
         return self.shadow_allowed is not None and self.shadow_allowed != self.allowed
 
 
-class DenialRollup(models.Model):
-    """Hourly denial counts (see policies_app/rollups.py): what the Denials page sums."""
+class DecisionRollup(models.Model):
+    """Hourly decision counts (see policies_app/rollups.py): what the Denials page and the
+    insights sum. Denials are counted by reason, rule, program, conversation and session;
+    allowed decisions only by rule and program."""
 
     tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="+")
     hour = models.DateTimeField()
@@ -151,15 +153,60 @@ class DenialRollup(models.Model):
     version_id = models.PositiveBigIntegerField(default=0)  # the policy version; 0 when none was published
     rule_id = models.CharField(max_length=64, blank=True)
     subject = models.CharField(max_length=255, blank=True)
+    pattern = models.CharField(max_length=255, blank=True)  # a denied command's argument pattern
     group_kind = models.CharField(max_length=12, blank=True)  # "", "conversation" or "session"
     group_value = models.CharField(max_length=200, blank=True)
     count = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(
-            fields=["tenant", "hour", "effect", "reason_code", "version_id", "rule_id", "subject", "group_kind",
-                    "group_value"], name="one_rollup_row_per_key")]
+            fields=["tenant", "hour", "effect", "reason_code", "version_id", "rule_id", "subject", "pattern",
+                    "group_kind", "group_value"], name="one_decision_rollup_row_per_key")]
         indexes = [models.Index(fields=["tenant", "effect", "group_kind", "hour"])]
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H}:00 {self.effect} {self.reason_code} x{self.count}"
+
+
+class PolicyException(models.Model):
+    """A narrow, temporary grant: this tenant's policy allows exactly this program with exactly
+    these arguments in this cwd until `expires_at`, for a stated reason or ticket. It is
+    consulted only when the policy's rules deny (never for a hard refusal), counted each time it
+    allows, and never honoured once expired or revoked (see policies_app/exceptions.py)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="+")
+    policy = models.ForeignKey(Policy, on_delete=models.CASCADE, related_name="exceptions")
+    bin = models.CharField(max_length=64)
+    args = models.JSONField(default=list)
+    cwd = models.CharField(max_length=1000, default="/workspace")
+    reason = models.TextField()
+    ticket = models.CharField(max_length=100, blank=True)
+    expires_at = models.DateTimeField()
+    created_by = models.CharField(max_length=100)  # the actor label: a username or apikey:alk_…
+    created_at = models.DateTimeField(default=timezone.now)
+    from_decision = models.UUIDField(null=True, blank=True)  # the denial it was granted from
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=100, blank=True)
+    use_count = models.PositiveIntegerField(default=0)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "policy", "bin"])]
+
+    def __str__(self) -> str:
+        return f"exception {self.short_id}: {self.command}"
+
+    @property
+    def short_id(self) -> str:
+        return self.id.hex[:8]
+
+    @property
+    def command(self) -> str:
+        return " ".join([self.bin, *self.args])
+
+    def state(self, now=None) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        return "expired" if self.expires_at <= (now or timezone.now()) else "active"

@@ -1,13 +1,14 @@
 """From a denial to the narrowest fix: a draft version that allows exactly the denied request.
 
 The rule names the exact program and the exact arguments that were sent, in their order
-(`exact_args`), and carries a test proving it. It is a draft:
+(`exact_args`), optionally until an expiry, and carries a test proving it. It is a draft:
 a security admin reads its replay and publishes it, or not. Hard refusals (a path out of the
 workspace, a limit, a malformed request, an inactive session) are not the rules' to waive, and a
 request stored with a redacted secret cannot be allowed exactly: neither is offered."""
 
 import hashlib
 import re
+from datetime import UTC, datetime
 
 import yaml
 
@@ -39,20 +40,23 @@ def why_not(record: DecisionRecord) -> str | None:
     return None
 
 
-def narrow_rule(record: DecisionRecord) -> dict:
+def narrow_rule(record: DecisionRecord, expires: datetime | None = None) -> dict:
     reason = why_not(record)
     if reason:
         raise NotNarrowable(reason)
     bin_name, args = record.request["bin"], list(record.request.get("args") or [])
     digest = hashlib.sha256(repr((bin_name, args)).encode()).hexdigest()[:8]
     rule_id = f"allow-{re.sub(r'[^a-z0-9._-]', '-', bin_name.lower())[:40]}-{digest}"
-    return {"id": rule_id, "bin": bin_name, "exact_args": args}
+    rule = {"id": rule_id, "bin": bin_name, "exact_args": args}
+    if expires is not None:
+        rule["expires"] = expires.astimezone(UTC).isoformat(timespec="seconds")
+    return rule
 
 
-def draft_allowing(*, record: DecisionRecord, actor) -> PolicyVersion:
+def draft_allowing(*, record: DecisionRecord, actor, expires: datetime | None = None) -> PolicyVersion:
     """A new draft of the policy's current version (the published one, else the one that
-    decided) with the narrow rule and a test for it."""
-    rule = narrow_rule(record)
+    decided) with the narrow rule (allowing nothing after `expires`, when given) and a test."""
+    rule = narrow_rule(record, expires)
     policy = record.policy_version.policy
     base = policy.published_version() or record.policy_version
     document = dict(base.document)
@@ -60,8 +64,9 @@ def draft_allowing(*, record: DecisionRecord, actor) -> PolicyVersion:
     document["commands"] = [*document.get("commands", []), rule]
     document["tests"] = [*document.get("tests", []),
                          {"request": request, "expect": {"allowed": True, "rule_id": rule["id"]}}]
+    until = f" until {rule['expires']}" if expires else ""
     header = (f"# Drafted by \"Allow this\" from denial {record.id} ({record.reason_code}) on v{base.number}:\n"
-              f"# rule {rule['id']} allows exactly `{' '.join([rule['bin'], *request['args']])}`.\n")
+              f"# rule {rule['id']} allows exactly `{' '.join([rule['bin'], *request['args']])}`{until}.\n")
     return services.version_create(
         policy=policy, source=header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True), actor=actor,
         note=f"Allow this: `{' '.join([rule['bin'], *request['args']])}` (denial {record.id})", parent=base)

@@ -15,4 +15,7 @@ urlpatterns = [
     path("denials/", denial_views.denials, name="denials"),
     path("denials/<uuid:decision_id>/", denial_views.denial_detail, name="denial"),
     path("denials/<uuid:decision_id>/allow", denial_views.denial_allow, name="denial-allow"),
+    path("denials/<uuid:decision_id>/except", denial_views.denial_except, name="denial-except"),
+    path("exceptions/", denial_views.exception_page, name="exceptions"),
+    path("exceptions/<uuid:exception_id>/revoke", denial_views.exception_revoke, name="exception-revoke"),
 ]

@@ -67,6 +67,8 @@ class Session(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField()
     last_activity_at = models.DateTimeField(default=timezone.now)
+    prepare_ms = models.PositiveIntegerField(null=True, blank=True)  # sandbox + workspace ready, in the runner
+    cache_hit = models.BooleanField(null=True)  # the root filesystem was in the local cache
     # The last resource figures the runner saw (CPU seconds, memory bytes, disk bytes).
     cpu_s = models.FloatField(null=True, blank=True)
     memory_bytes = models.BigIntegerField(null=True, blank=True)

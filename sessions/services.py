@@ -46,8 +46,12 @@ def session_create(*, tenant: Tenant, conversation_id: str, policy_version: Poli
 
 
 @transaction.atomic
-def session_ready(*, session_id, rootfs_digest: str) -> bool:
-    Session.objects.filter(pk=session_id).update(rootfs_digest=rootfs_digest)
+def session_ready(*, session_id, rootfs_digest: str, prepare_ms: int | None = None,
+                  cache_hit: bool | None = None) -> bool:
+    """`prepare_ms`: the runner's time to make the sandbox and its workspace; `cache_hit`: the
+    root filesystem was already in the local cache."""
+    Session.objects.filter(pk=session_id).update(rootfs_digest=rootfs_digest, prepare_ms=prepare_ms,
+                                                 cache_hit=cache_hit)
     moved = Session.objects.transition(session_id, to=SessionState.READY, allowed_from=(SessionState.CREATING,))
     if moved:
         session_changed_on_commit(Session.objects.select_related("policy_version__policy").get(pk=session_id))

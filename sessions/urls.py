@@ -7,4 +7,5 @@ urlpatterns = [
     path("sessions/kill", views.sessions_kill_bulk, name="sessions-kill"),
     path("sessions/<uuid:session_id>/", views.session_detail, name="session"),
     path("sessions/<uuid:session_id>/kill", views.session_kill, name="session-kill"),
+    path("metrics/", views.metrics_page, name="metrics"),
 ]

@@ -1,12 +1,19 @@
-"""The operator dashboard: the tenant's live sessions, one session's live terminal, Kill."""
+"""The operator dashboard: the tenant's live sessions, one session's live terminal, Kill, and
+the operations metrics."""
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane.decorators import tenant_view
+from policies_app.denials import PERIODS
 from sessions import broker, selectors
+from sessions.metrics import tenant_metrics
 from sessions.models import SessionState
 
 STATE_FILTERS = ["active", *SessionState.values]
@@ -61,3 +68,29 @@ def sessions_kill_bulk(request):
     )
     messages.success(request, f"Killed {killed} session{'s' if killed != 1 else ''}.")
     return redirect("sessions", request.tenant.slug)
+
+
+@tenant_view("read")
+def metrics_page(request):
+    """Operations metrics (S10) for one period, with charts."""
+    period = request.GET.get("period") or "24h"
+    if period not in PERIODS:
+        return render(request, "sessions/metrics.html", {
+            "section": "metrics", "periods": PERIODS, "period": period,
+            "error": f"period must be one of {', '.join(PERIODS)}"}, status=400)
+    now = timezone.now()
+    figures = tenant_metrics(request.tenant, now - PERIODS[period], now)
+    hourly = PERIODS[period] <= timedelta(hours=48)
+    charts = {
+        "starts": {"labels": [b["at"].strftime("%m-%d %H:00" if hourly else "%Y-%m-%d")
+                              for b in figures.starts_over_time],
+                   "sessions": [b["sessions"] for b in figures.starts_over_time],
+                   "p95_ms": [b["p95_ms"] for b in figures.starts_over_time], "unit": "hour" if hourly else "day"},
+        "denials": {"labels": list(figures.denials_by_reason), "counts": list(figures.denials_by_reason.values())},
+        "states": {"labels": list(figures.sessions_by_state), "counts": list(figures.sessions_by_state.values())},
+    }
+    return render(request, "sessions/metrics.html", {
+        "section": "metrics", "periods": PERIODS, "period": period, "m": figures, "charts": charts,
+        "currency": settings.AIRLOCK_COST_CURRENCY, "rates": {"cpu": settings.AIRLOCK_COST_PER_CPU_SECOND,
+                                                             "mb_hour": settings.AIRLOCK_COST_PER_MB_HOUR},
+    })

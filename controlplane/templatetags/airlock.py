@@ -13,3 +13,9 @@ def plain(value) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     return str(value)
+
+
+@register.filter
+def percent(value) -> str:
+    """A ratio (0.25) as a percentage ("25.0 %"); None as an em dash."""
+    return "—" if value is None else f"{value * 100:.1f} %"

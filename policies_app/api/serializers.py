@@ -78,6 +78,9 @@ class DenialParams(serializers.Serializer):
     mode = serializers.ChoiceField(choices=["enforce", "audit"], required=False,
                                    help_text="enforce: real denials (default); audit: would-be denials")
     version = serializers.IntegerField(required=False, help_text="a policy version's id")
+    since_version = serializers.IntegerField(
+        required=False, help_text="insights: what is denied since this version (an id) was published that was not "
+                                  "before; default: the last published version")
 
 
 class EvaluateSerializer(serializers.Serializer):
@@ -85,3 +88,48 @@ class EvaluateSerializer(serializers.Serializer):
                                    help_text="exec: {bin, args, cwd?, timeout_s?}; egress: {host, port}")
     request = serializers.DictField()
     version = serializers.IntegerField(min_value=1, required=False)
+
+
+class ExceptionSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    policy = serializers.CharField(source="policy.name")
+    bin = serializers.CharField()
+    args = serializers.ListField(child=serializers.CharField())
+    cwd = serializers.CharField()
+    reason = serializers.CharField()
+    ticket = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+    state = serializers.SerializerMethodField()
+    use_count = serializers.IntegerField()
+    last_used_at = serializers.DateTimeField(allow_null=True)
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    from_decision = serializers.UUIDField(allow_null=True)
+    revoked_at = serializers.DateTimeField(allow_null=True)
+    revoked_by = serializers.CharField()
+
+    def get_state(self, grant) -> str:
+        return grant.state()
+
+
+class ExceptionCreateSerializer(serializers.Serializer):
+    """Either `decision` (a recorded denial: its program, arguments and cwd) or `policy` + `bin`
+    (+ `args`, `cwd`); and either `expires_at` or `ttl_s`."""
+
+    decision = serializers.UUIDField(required=False)
+    policy = serializers.SlugField(required=False)
+    bin = serializers.CharField(required=False, max_length=64)
+    args = serializers.ListField(child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+                                 required=False, default=list, max_length=1000)
+    cwd = serializers.CharField(required=False, default="/workspace", max_length=1000)
+    expires_at = serializers.DateTimeField(required=False)
+    ttl_s = serializers.IntegerField(required=False, min_value=60, max_value=90 * 86400)
+    reason = serializers.CharField(max_length=2000)
+    ticket = serializers.CharField(required=False, allow_blank=True, default="", max_length=100)
+
+    def validate(self, data):
+        if ("expires_at" in data) == ("ttl_s" in data):
+            raise serializers.ValidationError({"expires_at": "give expires_at or ttl_s (one of them)"})
+        if "decision" not in data and not (data.get("policy") and data.get("bin")):
+            raise serializers.ValidationError({"bin": "give decision, or policy and bin"})
+        return data

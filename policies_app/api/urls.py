@@ -5,6 +5,9 @@ from policies_app.api import views
 urlpatterns = [
     path("policies", views.policies, name="api-policies"),
     path("denials", views.denials, name="api-denials"),
+    path("exceptions", views.exceptions, name="api-exceptions"),
+    path("exceptions/<uuid:exception_id>", views.exception_detail, name="api-exception"),
+    path("exceptions/<uuid:exception_id>/revoke", views.exception_revoke, name="api-exception-revoke"),
     path("policy-schema", views.policy_schema, name="api-policy-schema"),
     path("policies/<slug:name>", views.policy_detail, name="api-policy"),
     path("policies/<slug:name>/versions", views.version_create, name="api-policy-versions"),

@@ -2,7 +2,10 @@
 evaluate. Every object is found through the tenant-scoped selectors of the calling key."""
 
 from dataclasses import asdict
+from datetime import timedelta
 
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -16,7 +19,11 @@ from policies_app.decisions import compiled_version, decide, decision_payload, r
 from policies_app.denials import DenialFilter
 from policies_app.denials import summary as denial_summary
 from policies_app.document import DocumentError, json_schema
+from policies_app.exceptions import exception_from_denial, exception_grant, exception_list
+from policies_app.exceptions import exception_revoke as revoke
+from policies_app.insights import insights
 from policies_app.lint import lint
+from policies_app.models import DecisionRecord
 
 READ = [HasScope.of("policies:read")]
 WRITE = [HasScope.of("policies:write")]
@@ -152,10 +159,9 @@ def denials(request):
     if not form.is_valid():
         return Response({"error": "invalid_request", "detail": "the filters are not valid", "fields": form.errors},
                         status=status.HTTP_400_BAD_REQUEST)
-    summary = denial_summary(form.query())
-    summary["over_time"] = [{"at": bucket["at"].isoformat(), "count": bucket["count"]}
-                            for bucket in summary["over_time"]]
-    summary["since"], summary["until"] = summary["since"].isoformat(), summary["until"].isoformat()
+    query = form.query()
+    summary = denial_summary(query)
+    summary["insights"] = insights(query, form.since())
     return Response(summary)
 
 
@@ -165,3 +171,42 @@ def denials(request):
 def policy_schema(request):
     return Response(json_schema())
 
+
+
+@extend_schema(methods=["GET"], responses=s.ExceptionSerializer(many=True), summary="Exceptions, newest first")
+@extend_schema(methods=["POST"], request=s.ExceptionCreateSerializer, responses={201: s.ExceptionSerializer},
+               summary="Grant a temporary exception for exactly one command")
+@api_view(["GET", "POST"])
+@permission_classes([HasScope.by_method(read="policies:read", write="policies:write")])
+def exceptions(request):
+    tenant = _tenant(request)
+    if request.method == "GET":
+        grants = exception_list(tenant).order_by("-created_at")[:500]
+        return Response(s.ExceptionSerializer(grants, many=True).data)
+    data = _valid(s.ExceptionCreateSerializer, request)
+    expires_at = data.get("expires_at") or timezone.now() + timedelta(seconds=data["ttl_s"])
+    if "decision" in data:  # field errors (ValidationError) become a 400 in controlplane/api/errors.py
+        record = get_object_or_404(DecisionRecord.objects.select_related("policy_version__policy"),
+                                   pk=data["decision"], tenant=tenant, effect__in=["deny", "audit_deny"])
+        grant = exception_from_denial(record=record, expires_at=expires_at, reason=data["reason"],
+                                      ticket=data["ticket"], actor=request.auth)
+    else:
+        grant = exception_grant(policy=selectors.policy_get(tenant, data["policy"]), bin_name=data["bin"],
+                                args=data["args"], cwd=data["cwd"], expires_at=expires_at, reason=data["reason"],
+                                ticket=data["ticket"], actor=request.auth)
+    return Response(s.ExceptionSerializer(grant).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(responses=s.ExceptionSerializer)
+@api_view(["GET"])
+@permission_classes(READ)
+def exception_detail(request, exception_id):
+    return Response(s.ExceptionSerializer(get_object_or_404(exception_list(_tenant(request)), pk=exception_id)).data)
+
+
+@extend_schema(request=None, responses=s.ExceptionSerializer, summary="Revoke an exception: never honoured again")
+@api_view(["POST"])
+@permission_classes(WRITE)
+def exception_revoke(request, exception_id):
+    grant = get_object_or_404(exception_list(_tenant(request)), pk=exception_id)
+    return Response(s.ExceptionSerializer(revoke(grant=grant, actor=request.auth)).data)

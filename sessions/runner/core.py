@@ -185,9 +185,11 @@ class Runner:
         try:
             live.driver = get_driver(driver_name)
             self.drivers.add(driver_name)
+            preparing = time.perf_counter()
             live.sandbox = await self.blocking(live.driver.create, spec)
             if repository:
                 await self.blocking(checkout, live.driver, live.sandbox, repository)
+            prepare_ms = round((time.perf_counter() - preparing) * 1000)
         except (RuntimeUnavailable, SandboxError, WorkspaceError, OSError) as exc:
             detail = getattr(exc, "detail", None) or str(exc)
             await self.db(records.session_finish, session_id=session_id, state=SessionState.FAILED, reason=detail)
@@ -195,7 +197,8 @@ class Runner:
             return {"ok": False, "error": "sandbox_unavailable", "detail": detail}
         released_meanwhile = live.releasing is not None or self.live.get(session_id) is not live
         if released_meanwhile or not await self.db(records.session_ready, session_id=session_id,
-                                                   rootfs_digest=live.sandbox.rootfs_digest):
+                                                   rootfs_digest=live.sandbox.rootfs_digest, prepare_ms=prepare_ms,
+                                                   cache_hit=live.sandbox.cache_hit):
             # Killed or ended while it was being created: a release that ran before the sandbox
             # existed could not destroy it, so it is destroyed here (after any release in flight).
             if live.releasing is not None:

@@ -59,6 +59,7 @@ class Sandbox:
     spec: SandboxSpec
     rootfs_digest: str
     handle: dict = field(default_factory=dict)  # driver-specific: paths, container id
+    cache_hit: bool = True  # the root filesystem (or its image) was ready in the local cache
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,7 @@ class DockerDriver(Driver):
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._checked = False
+        self._image_imported = False
 
     @property
     def client(self) -> docker.DockerClient:
@@ -119,7 +120,7 @@ class DockerDriver(Driver):
             raise RuntimeUnavailable(_daemon_fix(exc)) from None
         if self.isolation == "gvisor" and self.gvisor_runtime not in runtimes:
             raise RuntimeUnavailable(f"Docker has no runtime {self.gvisor_runtime!r}; {RUNSC_FIX}")
-        self.image_digest = ensure_image(self.client)
+        self.image_digest, self._image_imported = ensure_image(self.client)
         self._checked = True
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -155,7 +156,8 @@ class DockerDriver(Driver):
                 raise SandboxError(f"sandbox {spec.session_id} already exists") from None
             raise SandboxError(f"docker could not create the sandbox: {exc.explanation}") from None
         sandbox = Sandbox(id=spec.session_id, driver=self.name, spec=spec, rootfs_digest=self.image_digest,
-                          handle={"container": container.id})
+                          handle={"container": container.id}, cache_hit=not self._image_imported)
+        self._image_imported = False  # the next sandbox finds the image in the cache
         try:
             self._record_processes(sandbox, container)
         except BaseException:
@@ -448,17 +450,19 @@ class _HashingReader:
             yield chunk
 
 
-def ensure_image(client: docker.DockerClient, *, progress: Callable[[str], None] | None = None) -> str:
-    """The image of the current root filesystem, imported (nothing is pulled) when missing."""
+def ensure_image(client: docker.DockerClient, *,
+                 progress: Callable[[str], None] | None = None) -> tuple[str, bool]:
+    """The digest of the current root filesystem's image, and whether it had to be imported
+    (nothing is pulled) because the local cache lacked it."""
     built = rootfs.require()
     try:
         image = client.images.get(rootfs.IMAGE)
         if image.labels.get(rootfs.DIGEST_LABEL) == built.digest:
-            return built.digest
+            return built.digest, False
     except ImageNotFound:
         pass
     import_image(built, client=client, progress=progress)
-    return built.digest
+    return built.digest, True
 
 
 def import_image(built: rootfs.RootFS, *, client: docker.DockerClient | None = None,

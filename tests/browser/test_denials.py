@@ -66,3 +66,51 @@ def test_allow_this_drafts_the_narrow_rule_shows_its_replay_and_publishes(page, 
                token=fresh["token"])[0] == 202
     assert api("POST", f"/api/v1/sessions/{fresh['id']}/commands", {"bin": "make", "args": ["all"]},
                token=fresh["token"])[0] == 403
+
+
+def canvas_drawn(page, canvas_id: str) -> bool:
+    page.wait_for_function(f"() => window.Chart && Chart.getChart('{canvas_id}') !== undefined")
+    return page.evaluate(f"""() => {{
+        const canvas = document.getElementById('{canvas_id}');
+        const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+        return pixels.some((value, index) => index % 4 === 3 && value > 0);
+    }}""")
+
+
+def test_an_exception_from_a_denial_is_used_counted_and_revoked_and_metrics_chart_it(page, demo_server):
+    from tests.http import call_api
+
+    def api(method, path, body=None, token=None):
+        return call_api(demo_server.url, method, path, bearer=token or demo_server.api_key, body=body)
+
+    status, session = api("POST", "/api/v1/sessions", {"conversation_id": "exception"})
+    assert status == 201
+    commands = f"/api/v1/sessions/{session['id']}/commands"
+    status, denied = api("POST", commands, {"bin": "echo", "args": ["hotfix"]}, token=session["token"])
+    assert status == 403
+    log_in(page, demo_server)
+    page.goto(f"{demo_server.url}/t/demo/denials/{denied['decision']['id']}/")
+    form = page.get_by_role("form", name="Grant an exception")
+    form.locator("select[name=lifetime]").select_option("1h")
+    form.locator("input[name=reason]").fill("hotfix during the freeze")
+    form.locator("input[name=ticket]").fill("SEC-42")
+    page.get_by_test_id("grant-exception").click()
+    page.wait_for_url(re.compile(r"/t/demo/exceptions/$"))
+    row = page.get_by_test_id("exceptions").locator("tbody tr").first
+    assert "echo hotfix" in row.inner_text() and "SEC-42" in row.inner_text() and "active" in row.inner_text()
+
+    status, ran = api("POST", commands, {"bin": "echo", "args": ["hotfix"], "wait": True}, token=session["token"])
+    assert status == 200 and ran["output"] == "hotfix\n"
+    page.reload()
+    assert row.locator("td.num").inner_text() == "1"
+    page.on("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Revoke").click()
+    page.wait_for_load_state()
+    assert "revoked" in page.get_by_test_id("exceptions").locator("tbody tr").first.inner_text()
+    assert api("POST", commands, {"bin": "echo", "args": ["hotfix"]}, token=session["token"])[0] == 403
+
+    page.get_by_role("link", name="Metrics", exact=True).click()
+    page.wait_for_url(re.compile(r"/t/demo/metrics/$"))
+    assert int(page.get_by_test_id("metric-sessions").inner_text()) >= 1
+    assert canvas_drawn(page, "starts-chart"), "the sessions chart is empty"
+    assert canvas_drawn(page, "reasons-chart"), "the denials-by-reason chart is empty"

@@ -19,6 +19,8 @@ def test_demo_setup_prints_working_credentials_once_and_keeps_them_on_rerun(db, 
     key = re.search(r"API key\s+(alk_\S+)", first).group(1)
     assert Client().login(username="admin", password=password)
     assert api(key).get("/api/v1/whoami").json()["tenant"]["slug"] == "demo"
+    metrics = api(key).get("/metrics")  # the printed curl works: the demo key reads its tenant's metrics
+    assert metrics.status_code == 200 and 'airlock_sessions_started{tenant="demo"} 0.0' in metrics.content.decode()
 
     second = run_demo_setup()
     assert "password:" not in second and "alk_" not in second

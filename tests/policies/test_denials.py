@@ -11,8 +11,9 @@ from django.utils import timezone
 from controlplane.models import ApiKeyScope
 from policies_app import services
 from policies_app.decisions import decide
-from policies_app.denials import DenialQuery, argument_pattern, summary
+from policies_app.denials import DenialQuery, summary
 from policies_app.models import DecisionRecord
+from policies_app.rollups import argument_pattern
 
 ENFORCED = "commands:\n  - {id: pytest, bin: pytest, deny_args: ['^-c']}\n"
 AUDITED = "mode: audit\ncommands:\n  - {id: pytest, bin: pytest}\n"
@@ -135,24 +136,25 @@ def test_the_api_serves_the_same_summary(acme, traffic, make_key, api):
 
 
 def test_the_rollups_agree_with_the_decision_log(acme, traffic):
-    from policies_app.models import DenialRollup
+    from policies_app.models import DecisionRollup
 
-    for effect in ("deny", "audit_deny"):
+    for effect in ("deny", "audit_deny", "allow"):
         logged = DecisionRecord.objects.filter(tenant=acme, effect=effect).count()
-        rolled = sum(DenialRollup.objects.filter(tenant=acme, effect=effect, group_kind="")
+        rolled = sum(DecisionRollup.objects.filter(tenant=acme, effect=effect, group_kind="")
                      .values_list("count", flat=True))
         assert rolled == logged
-    assert not DenialRollup.objects.filter(tenant=acme, effect="allow").exists()
+    # An allowed decision is counted by rule and program only, not by conversation or session.
+    assert not DecisionRollup.objects.filter(tenant=acme, effect="allow").exclude(group_kind="").exists()
 
 
 def test_pruning_drops_old_rollups_with_old_decisions(acme, traffic):
     from django.core.management import call_command
 
-    from policies_app.models import DenialRollup
+    from policies_app.models import DecisionRollup
 
     record(acme, acme.policies.get(name="default"), {"bin": "make"}, ago=timedelta(days=100))
     call_command("prune_decisions", stdout=io.StringIO())
-    assert not DenialRollup.objects.filter(hour__lt=timezone.now() - timedelta(days=90)).exists()
+    assert not DecisionRollup.objects.filter(hour__lt=timezone.now() - timedelta(days=90)).exists()
     assert summary(query(acme, period=timedelta(days=30)))["total"] == 6
 
 
@@ -197,3 +199,90 @@ def test_allow_this_is_for_security_admins_and_only_where_a_rule_can_decide(acme
     secret = decide(tenant=acme, policy=acme.policies.get(name="default"),
                     request={"bin": "deploy", "args": ["--token", "hunter2hunter2"]}).record
     assert allow_this(client_for(alice), secret).status_code == 302  # stored redacted: cannot be allowed exactly
+
+
+def test_allow_this_with_an_expiry_drafts_a_rule_that_stops_allowing_then(acme, alice, client_for, traffic):
+    from policies_app.decisions import compiled_version
+    from policies_app.engine import evaluate
+    from policies_app.lint import lint
+    from policies_app.services import version_document
+
+    denial = DecisionRecord.objects.filter(tenant=acme, subject="make", request__args=["test"]).first()
+    response = client_for(alice).post(f"/t/acme/denials/{denial.pk}/allow", {"expires": "7d"})
+    assert response.status_code == 201
+    draft = acme.policies.get(name="default").versions.order_by("-number").first()
+    rule = draft.document["commands"][-1]
+    compiled = compiled_version(draft)
+    assert evaluate(compiled, {"bin": "make", "args": ["test"]}).allowed
+    later = timezone.now() + timedelta(days=7, minutes=1)
+    expired = evaluate(compiled, {"bin": "make", "args": ["test"]}, at=later)
+    assert not expired.allowed and expired.rule_id == rule["id"] and "expired at" in expired.message
+    assert not lint(version_document(draft))
+    assert client_for(alice).post(f"/t/acme/denials/{denial.pk}/allow", {"expires": "forever"}).status_code == 302
+
+
+# -- insights ------------------------------------------------------------------------------
+
+V1 = "commands:\n  - {id: pytest, bin: pytest, deny_args: ['^-c']}\n"
+V2 = ("commands:\n  - {id: pytest, bin: pytest, deny_args: ['^-c', '^tests/slow']}\n"
+      "  - {id: npm-test, bin: npm, prepend_args: [test]}\n")
+
+
+@pytest.fixture
+def two_versions(acme):
+    """v1 published 3 days ago: 2 days ago, 10 allowed, 1 `make` and 1 `pytest -c x` denied. v2
+    (stricter, plus an `npm` rule) published 10 hours ago: 5 hours ago, 4 allowed, 6 `pytest
+    tests/slow…` denied (arg_denied like `-c x`, but a new intent) and 2 `make` denied (not new)."""
+    from policies_app.models import PolicyPublication
+
+    policy = services.policy_create(tenant=acme, name="default", actor=None)
+    versions = []
+    for source, ago in ((V1, timedelta(days=3)), (V2, timedelta(hours=10))):
+        version = services.version_create(policy=policy, source=source, actor=None)
+        publication = services.version_publish(version=version, actor=None, note="test")
+        PolicyPublication.objects.filter(pk=publication.pk).update(created_at=timezone.now() - ago)
+        versions.append(version)
+    v1, v2 = versions
+
+    def run(version, request, ago, times):
+        for _ in range(times):
+            decide(tenant=acme, policy=policy, version=version, request=request, at=timezone.now() - ago)
+
+    run(v1, {"bin": "pytest", "args": ["tests/"]}, timedelta(days=2), 10)
+    run(v1, {"bin": "make", "args": []}, timedelta(days=2), 1)
+    run(v1, {"bin": "pytest", "args": ["-c", "x"]}, timedelta(days=2), 1)
+    run(v2, {"bin": "pytest", "args": ["tests/"]}, timedelta(hours=5), 4)
+    run(v2, {"bin": "pytest", "args": ["tests/slow_db.py"]}, timedelta(hours=5), 6)
+    run(v2, {"bin": "make", "args": []}, timedelta(hours=5), 2)
+    return v1, v2
+
+
+def test_insights_match_the_hand_count(acme, two_versions):
+    from policies_app.insights import insights
+
+    v1 = two_versions[0]
+    found = insights(query(acme, period=timedelta(days=7)))
+    assert found["new_since"]["version"] == 2  # by default, the last published version
+    assert [(r["pattern"], r["reason_code"], r["count"]) for r in found["new_since"]["denials"]] == \
+        [("pytest <path>", "arg_denied", 6)]
+    assert [(r["rule_id"], r["version"]) for r in found["dormant_rules"]] == [("npm-test", 2)]
+    rates = {row["version"]: row for row in found["version_rates"]}
+    assert (rates[2]["decisions"], rates[2]["denials"], rates[1]["decisions"], rates[1]["denials"]) == (12, 8, 12, 2)
+    assert rates[2]["spike"] and rates[2]["previous_version"] == 1 and not rates[1]["spike"]
+    since_v1 = insights(query(acme, period=timedelta(days=7)), v1)["new_since"]["denials"]
+    assert {(r["pattern"], r["count"]) for r in since_v1} == {("pytest <path>", 6), ("make", 3), ("pytest -c <arg>", 1)}
+    recent = insights(query(acme, period=timedelta(hours=1)))
+    assert {r["rule_id"] for r in recent["dormant_rules"]} == {"pytest", "npm-test"}  # nothing decided this hour
+
+
+def test_the_denials_page_and_api_show_the_insights(acme, bob, client_for, two_versions, make_key, api, globex):
+    html = client_for(bob).get("/t/acme/denials/?period=7d").content.decode()
+    assert 'data-insight="dormant"' in html and "npm-test" in html
+    assert 'data-testid="spike"' in html and "16.7 % under v1 → 66.7 %" in html
+    client = api(make_key(acme, scopes=[ApiKeyScope.POLICIES_READ]).key)
+    body = client.get(f"/api/v1/denials?period=7d&since_version={two_versions[0].pk}").json()
+    assert body["insights"]["new_since"]["version"] == 1 and len(body["insights"]["new_since"]["denials"]) == 3
+    other = services.version_create(policy=services.policy_create(tenant=globex, name="g", actor=None), source=V1,
+                                    actor=None)
+    refused = client.get(f"/api/v1/denials?since_version={other.pk}")
+    assert refused.status_code == 400 and "since_version" in refused.json()["fields"]

@@ -28,6 +28,8 @@ def test_creating_a_session_returns_its_token_version_and_stream(agent, acme_pol
     assert sandbox_dir(session["id"]).is_dir()
     again = agent.as_session(session).get(f"/api/v1/sessions/{session['id']}").json()
     assert again["state"] == "ready" and "token" not in again
+    stored = Session.objects.get(pk=session["id"])  # what the Metrics page reads
+    assert stored.prepare_ms is not None and stored.cache_hit is True and stored.ready_at > stored.created_at
 
 
 def test_a_command_runs_in_the_sandbox_and_returns_its_result_when_waited_for(agent):
@@ -53,6 +55,24 @@ def test_a_command_without_wait_is_accepted_then_readable(agent):
     followed = agent.run(session, "printf", "after", wait=True)  # commands of a session run in order
     assert followed.json()["output"] == "after"
     assert agent.as_session(session).get(command_url).json()["state"] == "exited"
+
+
+def test_an_exception_lets_exactly_its_command_run_in_a_session(agent, acme_policy):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from policies_app.exceptions import exception_grant
+
+    session = agent.open()
+    assert agent.run(session, "echo", "hotfix").status_code == 403
+    grant = exception_grant(policy=acme_policy.policy, bin_name="echo", args=["hotfix"], reason="incident 7",
+                            expires_at=timezone.now() + timedelta(minutes=5), actor=None)
+    body = agent.run(session, "echo", "hotfix").json()
+    assert body["output"] == "hotfix\n" and body["decision"]["rule_id"] == f"exception:{grant.id}"
+    assert agent.run(session, "echo", "hotfix", "now").status_code == 403
+    grant.refresh_from_db()
+    assert grant.use_count == 1
 
 
 def test_a_denied_command_gets_403_with_the_whole_decision(agent):

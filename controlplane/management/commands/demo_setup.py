@@ -58,7 +58,8 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS("\nAirlock demo tenant ready. These secrets are shown once:\n"))
         self.stdout.write(f"  Dashboard  http://127.0.0.1:8000/   user: {DEMO_USER}   password: {password}")
         self.stdout.write(f"  API key    {key}")
-        self.stdout.write(f"  Try it     curl -H 'Authorization: Bearer {key}' http://127.0.0.1:8000/api/v1/whoami\n")
+        self.stdout.write(f"  Try it     curl -H 'Authorization: Bearer {key}' http://127.0.0.1:8000/api/v1/whoami")
+        self.stdout.write(f"  Metrics    curl -H 'Authorization: Bearer {key}' http://127.0.0.1:8000/metrics\n")
 
     def _set_up(self, tenant):
         User = get_user_model()
@@ -76,7 +77,7 @@ class Command(BaseCommand):
             services.api_key_revoke(api_key=old, actor=None)
         new_key = services.api_key_create(
             tenant=tenant, name=DEMO_KEY, actor=None,
-            scopes=[ApiKeyScope.SESSIONS, ApiKeyScope.POLICIES_READ],
+            scopes=[ApiKeyScope.SESSIONS, ApiKeyScope.POLICIES_READ, ApiKeyScope.METRICS],
         )
         if not tenant.policies.filter(name="default").exists():
             policy = policy_services.policy_create(tenant=tenant, name="default", actor=None)

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from policies_app.models import DecisionRecord, DenialRollup
+from policies_app.models import DecisionRecord, DecisionRollup
 from policies_app.rollups import hour_of
 
 
@@ -21,5 +21,5 @@ class Command(BaseCommand):
         # Whole hours: the decision log and its hourly rollups keep the same period.
         cutoff = hour_of(timezone.now() - timedelta(days=days))
         deleted, _ = DecisionRecord.objects.filter(created_at__lt=cutoff).delete()
-        DenialRollup.objects.filter(hour__lt=cutoff).delete()
+        DecisionRollup.objects.filter(hour__lt=cutoff).delete()
         self.stdout.write(f"deleted {deleted} decision(s) older than {days} days")

@@ -1,0 +1,132 @@
+"""Exceptions: narrow, temporary grants beside a policy's rules, for what cannot wait for a
+new version (an incident, a one-off migration).
+
+An exception allows exactly one program with exactly these arguments in this cwd, for this
+tenant's policy, until it expires, for a stated reason or ticket. It is consulted only when the
+rules deny a command for a reason a rule decides (`bin_not_allowed`, `arg_denied`,
+`default_deny`); a hard refusal (a path out of the workspace, a limit, a malformed request, an
+inactive session) is never waived. Each use is counted; once expired or revoked it is never
+honoured again, and the denial says so in its hint."""
+
+import re
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+
+from controlplane.audit import actor_label, audit_record
+from controlplane.models import Tenant
+from policies_app import narrowing
+from policies_app.document import BARE_NAME
+from policies_app.engine import WORKSPACE, Decision, path_candidates, path_escape
+from policies_app.models import DecisionRecord, Policy, PolicyException
+
+GRANTABLE = {"bin_not_allowed", "arg_denied", "default_deny"}
+MAX_LIFETIME = timedelta(days=90)
+RULE_PREFIX = "exception:"
+
+
+def exception_list(tenant: Tenant) -> QuerySet[PolicyException]:
+    return PolicyException.objects.filter(tenant=tenant).select_related("policy")
+
+
+def _check(*, bin_name, args, cwd: str, expires_at: datetime, reason: str, now: datetime) -> dict:
+    errors = {}
+    if not isinstance(bin_name, str) or not re.fullmatch(BARE_NAME, bin_name):
+        errors["bin"] = "a bare program name such as 'pytest', never a path"
+    if not isinstance(args, list) or not all(isinstance(arg, str) and "\0" not in arg for arg in args):
+        errors["args"] = "a list of strings"
+    elif len(args) > 1000:
+        errors["args"] = "at most 1000 arguments"
+    elif any("[redacted]" in arg for arg in args):
+        errors["args"] = "holds a redacted secret, so the exact arguments are unknown"
+    elif isinstance(cwd, str) and path_escape(cwd, WORKSPACE) is None:
+        outside = [arg for arg in args for piece in path_candidates(arg) if path_escape(piece, cwd) is not None]
+        if outside:
+            errors["args"] = f"`{outside[0]}` points outside {WORKSPACE}; an exception never waives that"
+    if not isinstance(cwd, str) or path_escape(cwd, WORKSPACE) is not None:
+        errors["cwd"] = f"a directory inside {WORKSPACE}"
+    if expires_at <= now:
+        errors["expires_at"] = "must be in the future"
+    elif expires_at > now + MAX_LIFETIME:
+        errors["expires_at"] = f"at most {MAX_LIFETIME.days} days ahead; a lasting grant belongs in a policy version"
+    if len(reason.strip()) < 3:
+        errors["reason"] = "say why (or name the ticket) in a few words"
+    return errors
+
+
+@transaction.atomic
+def exception_grant(*, policy: Policy, bin_name: str, args: list, cwd: str = WORKSPACE, expires_at: datetime,
+                    reason: str, ticket: str = "", actor, from_decision=None) -> PolicyException:
+    """Grant one exception. Raises ValidationError with field errors when it is not narrow or
+    not temporary enough."""
+    now = timezone.now()
+    errors = _check(bin_name=bin_name, args=args, cwd=cwd, expires_at=expires_at, reason=reason, now=now)
+    if errors:
+        raise ValidationError(errors)
+    grant = PolicyException.objects.create(
+        tenant=policy.tenant, policy=policy, bin=bin_name, args=list(args), cwd=cwd.rstrip("/") or "/",
+        reason=reason.strip(), ticket=ticket.strip()[:100], expires_at=expires_at, created_by=actor_label(actor),
+        from_decision=from_decision)
+    audit_record(tenant=policy.tenant, actor=actor, action="policy.exception_granted", target=grant,
+                 data={"policy": policy.name, "command": grant.command, "cwd": grant.cwd, "reason": grant.reason,
+                       "ticket": grant.ticket, "expires_at": expires_at.isoformat()})
+    return grant
+
+
+def exception_from_denial(*, record: DecisionRecord, expires_at: datetime, reason: str, ticket: str,
+                          actor) -> PolicyException:
+    """The narrowest exception for one recorded denial: its program, arguments and cwd."""
+    why_not = narrowing.why_not(record)
+    if why_not:
+        raise ValidationError({"decision": f"no exception can be granted for this denial: {why_not}"})
+    request = record.request
+    return exception_grant(policy=record.policy_version.policy, bin_name=request["bin"],
+                           args=list(request.get("args") or []), cwd=request.get("cwd") or WORKSPACE,
+                           expires_at=expires_at, reason=reason, ticket=ticket, actor=actor, from_decision=record.pk)
+
+
+@transaction.atomic
+def exception_revoke(*, grant: PolicyException, actor) -> PolicyException:
+    if grant.revoked_at is None:
+        grant.revoked_at, grant.revoked_by = timezone.now(), actor_label(actor)
+        grant.save(update_fields=["revoked_at", "revoked_by"])
+        audit_record(tenant=grant.tenant, actor=actor, action="policy.exception_revoked", target=grant,
+                     data={"policy": grant.policy.name, "command": grant.command, "uses": grant.use_count})
+    return grant
+
+
+def apply(*, tenant: Tenant, policy: Policy | None, request: dict, decision: Decision, at: datetime,
+          count: bool) -> Decision:
+    """The decision once exceptions are consulted: a rule's denial of exactly what a live
+    exception names becomes an allow (counted when `count`); an expired or revoked one only
+    explains itself in the hint."""
+    if policy is None or decision.effect == "allow" or decision.reason_code not in GRANTABLE:
+        return decision
+    bin_name, args = request.get("bin"), request.get("args") or []
+    cwd = (request.get("cwd") or WORKSPACE).rstrip("/") or "/"
+    matches = [grant for grant in PolicyException.objects.filter(tenant=tenant, policy=policy, bin=bin_name)
+               if grant.args == args and grant.cwd == cwd]
+    if not matches:
+        return decision
+    live = [grant for grant in matches if grant.revoked_at is None and grant.expires_at > at]
+    if not live:
+        last = max(matches, key=lambda grant: grant.revoked_at or grant.expires_at)
+        ended = (f"was revoked at {_utc(last.revoked_at)}" if last.revoked_at
+                 else f"expired at {_utc(last.expires_at)}")
+        return replace(decision, hint=f"{decision.hint}; exception {last.short_id} for exactly this command {ended} "
+                                      "and is not honoured; a security admin can grant a new one")
+    grant = max(live, key=lambda grant: grant.expires_at)
+    if count:
+        PolicyException.objects.filter(pk=grant.pk).update(use_count=F("use_count") + 1, last_used_at=at)
+    why = f"{grant.ticket}: {grant.reason}" if grant.ticket else grant.reason
+    return Decision(True, "allow", None, f"{RULE_PREFIX}{grant.id}",
+                    f"allowed by exception {grant.short_id} ({why[:120]}) until {_utc(grant.expires_at)}; the rules "
+                    f"alone: {decision.message}", "", decision.mode, decision.policy_version, (bin_name, *args))
+
+
+def _utc(at: datetime) -> str:
+    return f"{at.astimezone(UTC):%Y-%m-%d %H:%M} UTC"

@@ -1,0 +1,151 @@
+"""Operations metrics (seed S10), per tenant and period: how fast sessions start and get ready,
+how often the root filesystem came from the local cache, what a minute of sandbox costs, how
+often an agent retries what was refused or failed, denials by reason and sessions by state.
+
+Figures are computed from the database at read time, over the newest MAX_ROWS sessions and
+decisions of the period (the Metrics page and /metrics say so when a sample is cut)."""
+
+import bisect
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from controlplane.models import Tenant
+from policies_app.models import DecisionRecord, DecisionRollup
+from policies_app.rollups import argument_pattern, hour_of
+from sessions.models import CommandRun, CommandState, Session
+
+MAX_ROWS = 20_000
+RETRY_WINDOW = timedelta(minutes=5)  # the same intent again within this long counts as a retry
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank percentile (q in 0..100) of `values`, None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100), at least 1
+    return ordered[int(rank) - 1]
+
+
+@dataclass
+class Metrics:
+    since: datetime
+    until: datetime
+    sessions: int = 0
+    start_ms: dict = field(default_factory=dict)  # {"p50": …, "p95": …}
+    prepare_ms: dict = field(default_factory=dict)
+    cache_hits: int = 0
+    cache_lookups: int = 0
+    cpu_s: float = 0.0
+    storage_mb_hours: float = 0.0
+    session_minutes: float = 0.0
+    cost: float = 0.0
+    setbacks: int = 0  # denials and failed commands
+    retried: int = 0  # of them, sent again within RETRY_WINDOW
+    denials_by_reason: dict = field(default_factory=dict)
+    sessions_by_state: dict = field(default_factory=dict)
+    starts_over_time: list = field(default_factory=list)  # [{at, sessions, p95_ms}]
+    sampled: bool = False  # more than MAX_ROWS rows: the figures are of the newest ones
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        return self.cache_hits / self.cache_lookups if self.cache_lookups else None
+
+    @property
+    def cost_per_minute(self) -> float | None:
+        return self.cost / self.session_minutes if self.session_minutes else None
+
+    @property
+    def retry_rate(self) -> float | None:
+        return self.retried / self.setbacks if self.setbacks else None
+
+
+def tenant_metrics(tenant: Tenant, since: datetime, until: datetime | None = None) -> Metrics:
+    until = until or timezone.now()
+    metrics = Metrics(since=since, until=until)
+    _sessions(metrics, tenant)
+    _retries(metrics, tenant)
+    denials = (DecisionRollup.objects.filter(tenant=tenant, effect="deny", group_kind="", hour__gte=hour_of(since),
+                                             hour__lt=until).values("reason_code").annotate(n=Sum("count")))
+    metrics.denials_by_reason = {row["reason_code"]: row["n"] for row in denials.order_by("-n")}
+    states = Session.objects.filter(tenant=tenant, created_at__gte=since, created_at__lt=until)
+    metrics.sessions_by_state = {row["state"]: row["n"] for row in states.values("state").annotate(n=Count("id"))}
+    return metrics
+
+
+def _sessions(metrics: Metrics, tenant: Tenant) -> None:
+    rows = list(Session.objects.filter(tenant=tenant, created_at__gte=metrics.since, created_at__lt=metrics.until)
+                .order_by("-created_at")
+                .values_list("created_at", "ready_at", "ended_at", "prepare_ms", "cache_hit", "cpu_s",
+                             "disk_bytes")[:MAX_ROWS + 1])
+    metrics.sampled |= len(rows) > MAX_ROWS
+    rows = rows[:MAX_ROWS]
+    metrics.sessions = len(rows)
+    starts, prepares = [], []
+    hourly = metrics.until - metrics.since <= timedelta(hours=48)
+    buckets = defaultdict(list)
+    for created, ready, ended, prepare_ms, cache_hit, cpu_s, disk_bytes in rows:
+        if ready is not None:
+            start_ms = (ready - created).total_seconds() * 1000
+            starts.append(start_ms)
+            bucket = hour_of(created) if hourly else hour_of(created).replace(hour=0)
+            buckets[bucket].append(start_ms)
+        if prepare_ms is not None:
+            prepares.append(prepare_ms)
+        if cache_hit is not None:
+            metrics.cache_lookups += 1
+            metrics.cache_hits += cache_hit
+        if ready is not None:
+            minutes = ((ended or metrics.until) - ready).total_seconds() / 60
+            metrics.session_minutes += minutes
+            metrics.cpu_s += cpu_s or 0.0
+            metrics.storage_mb_hours += (disk_bytes or 0) / 2**20 * minutes / 60
+    metrics.start_ms = {"p50": percentile(starts, 50), "p95": percentile(starts, 95)}
+    metrics.prepare_ms = {"p50": percentile(prepares, 50), "p95": percentile(prepares, 95)}
+    metrics.cost = (metrics.cpu_s * settings.AIRLOCK_COST_PER_CPU_SECOND
+                    + metrics.storage_mb_hours * settings.AIRLOCK_COST_PER_MB_HOUR)
+    metrics.starts_over_time = [{"at": at, "sessions": len(values), "p95_ms": percentile(values, 95)}
+                                for at, values in sorted(buckets.items())]
+
+
+def _retries(metrics: Metrics, tenant: Tenant) -> None:
+    """A setback is a denied command or one that failed (a non-zero exit, a timeout, a kill); it
+    is retried when the same intent (program and argument pattern) comes again in the same
+    conversation within RETRY_WINDOW."""
+    decisions = list(DecisionRecord.objects.filter(tenant=tenant, kind="exec", created_at__gte=metrics.since,
+                                                   created_at__lt=metrics.until)
+                     .order_by("-created_at")
+                     .values_list("id", "conversation_id", "session_id", "request", "allowed", "created_at")
+                     [:MAX_ROWS + 1])
+    metrics.sampled |= len(decisions) > MAX_ROWS
+    decisions = decisions[:MAX_ROWS]
+    failed = set(CommandRun.objects.filter(session__tenant=tenant, created_at__gte=metrics.since,
+                                           created_at__lt=metrics.until)
+                 .exclude(state__in=[CommandState.QUEUED, CommandState.RUNNING])
+                 .exclude(state=CommandState.EXITED, exit_code=0).values_list("decision_id", flat=True))
+    by_intent = defaultdict(list)  # (conversation, intent) -> times, oldest first
+    setbacks = []
+    for decision_id, conversation, session_id, request, allowed, at in reversed(decisions):
+        key = (conversation or str(session_id or ""), argument_pattern(request))
+        by_intent[key].append(at)
+        if not allowed or decision_id in failed:
+            setbacks.append((key, at))
+    metrics.setbacks = len(setbacks)
+    for key, at in setbacks:
+        times = by_intent[key]
+        after = bisect.bisect_right(times, at)
+        metrics.retried += after < len(times) and times[after] <= at + RETRY_WINDOW
+
+
+def sessions_by_state(tenants: list[Tenant]) -> dict[int, Counter]:
+    """Every session of these tenants, counted by state (for /metrics)."""
+    counts: dict[int, Counter] = defaultdict(Counter)
+    for row in (Session.objects.filter(tenant__in=tenants).values("tenant_id", "state")
+                .annotate(n=Count("id"))):
+        counts[row["tenant_id"]][row["state"]] = row["n"]
+    return counts

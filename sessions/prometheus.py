@@ -1,0 +1,104 @@
+"""`GET /metrics`: the operations metrics in Prometheus' text format.
+
+It answers only with a token: `Authorization: Bearer <AIRLOCK_METRICS_TOKEN>` reads every
+tenant; a tenant's API key with scope `metrics:read` reads its own tenant only. Anything else
+gets 401 (no or a wrong token) or 403 (a key without the scope), and nothing of a tenant.
+Figures cover the last WINDOW, but sessions by state, which counts every session."""
+
+import hmac
+from datetime import timedelta
+
+from django.conf import settings
+from django.http import HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from rest_framework.authentication import get_authorization_header
+from rest_framework.exceptions import AuthenticationFailed
+
+from controlplane.api.auth import ApiKeyAuthentication
+from controlplane.models import ApiKeyScope, Tenant
+from sessions.metrics import sessions_by_state, tenant_metrics
+
+WINDOW = timedelta(hours=24)
+
+
+class TenantCollector:
+    def __init__(self, tenants: list[Tenant]):
+        self.tenants = tenants
+
+    def collect(self):
+        now = timezone.now()
+        gauges = {
+            "start": GaugeMetricFamily("airlock_session_start_seconds", "Session start (created to ready), "
+                                       "quantiles over the last 24 h", labels=["tenant", "quantile"]),
+            "prepare": GaugeMetricFamily("airlock_session_prepare_seconds", "Preparation (sandbox and workspace "
+                                         "ready, in the runner), quantiles over the last 24 h",
+                                         labels=["tenant", "quantile"]),
+            "cache": GaugeMetricFamily("airlock_rootfs_cache_hit_ratio", "Sandboxes whose root filesystem (or "
+                                       "image) was in the local cache, last 24 h", labels=["tenant"]),
+            "cost": GaugeMetricFamily("airlock_session_cost_per_minute", "CPU-seconds and storage MB-hours times "
+                                      f"their rates, per session-minute ({settings.AIRLOCK_COST_CURRENCY}), last 24 h",
+                                      labels=["tenant"]),
+            "retry": GaugeMetricFamily("airlock_retry_ratio", "Denied or failed commands sent again (same intent, "
+                                       "same conversation) within 5 minutes, last 24 h", labels=["tenant"]),
+            "denials": GaugeMetricFamily("airlock_denials", "Denials (enforce mode) by reason, last 24 h",
+                                         labels=["tenant", "reason"]),
+            "started": GaugeMetricFamily("airlock_sessions_started", "Sessions created in the last 24 h",
+                                         labels=["tenant"]),
+            "state": GaugeMetricFamily("airlock_sessions", "Sessions by state (all kept sessions)",
+                                       labels=["tenant", "state"]),
+        }
+        states = sessions_by_state(self.tenants)
+        for tenant in self.tenants:
+            metrics = tenant_metrics(tenant, now - WINDOW, now)
+            slug = tenant.slug
+            for quantile, key in (("0.5", "p50"), ("0.95", "p95")):
+                if metrics.start_ms.get(key) is not None:
+                    gauges["start"].add_metric([slug, quantile], metrics.start_ms[key] / 1000)
+                if metrics.prepare_ms.get(key) is not None:
+                    gauges["prepare"].add_metric([slug, quantile], metrics.prepare_ms[key] / 1000)
+            for name, value in (("cache", metrics.cache_hit_rate), ("cost", metrics.cost_per_minute),
+                                ("retry", metrics.retry_rate)):
+                if value is not None:
+                    gauges[name].add_metric([slug], value)
+            gauges["started"].add_metric([slug], metrics.sessions)
+            for reason, count in metrics.denials_by_reason.items():
+                gauges["denials"].add_metric([slug, reason], count)
+            for state, count in sorted(states.get(tenant.pk, {}).items()):
+                gauges["state"].add_metric([slug, state], count)
+        yield from gauges.values()
+
+
+def _tenants_for(request) -> tuple[list[Tenant] | None, int, str]:
+    """The tenants this request may read, or None with the status and reason of the refusal."""
+    header = get_authorization_header(request).split()
+    token = settings.AIRLOCK_METRICS_TOKEN
+    if len(header) == 2 and header[0].lower() == b"bearer":
+        if token and hmac.compare_digest(header[1], token.encode()):
+            return list(Tenant.objects.order_by("slug")), 200, ""
+        try:
+            found = ApiKeyAuthentication().authenticate(request)
+        except AuthenticationFailed as exc:
+            return None, 401, str(exc.detail)
+        if found is not None:
+            principal, _ = found
+            if ApiKeyScope.METRICS not in principal.scopes:
+                return None, 403, "this API key lacks the scope metrics:read"
+            return [principal.tenant], 200, ""
+    return None, 401, "send Authorization: Bearer <AIRLOCK_METRICS_TOKEN>, or an API key with scope metrics:read"
+
+
+@require_GET
+def metrics(request):
+    tenants, status, reason = _tenants_for(request)
+    if tenants is None:
+        response = HttpResponse(f"{reason}\n", status=status, content_type="text/plain; charset=utf-8")
+        if status == 401:
+            response["WWW-Authenticate"] = 'Bearer realm="airlock-metrics"'
+        return response
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TenantCollector(tenants))
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
