@@ -10,18 +10,31 @@ from tests.browser.test_first_run import log_in
 pytestmark = pytest.mark.browser
 
 
+def api_of(demo_server):
+    """Call the demo server's API with its key, or with a session's token."""
+    from tests.http import call_api
+
+    def api(method, path, body=None, token=None):
+        return call_api(demo_server.url, method, path, bearer=token or demo_server.api_key, body=body)
+
+    return api
+
+
+def canvas_drawn(page, canvas_id: str) -> bool:
+    page.wait_for_function(f"() => window.Chart && Chart.getChart('{canvas_id}') !== undefined")
+    return page.evaluate(f"""() => {{
+        const canvas = document.getElementById('{canvas_id}');
+        const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+        return pixels.some((value, index) => index % 4 === 3 && value > 0);
+    }}""")
+
+
 def test_a_security_admin_reads_the_denials_filters_and_opens_one(page, demo_server):
     log_in(page, demo_server)
     page.get_by_role("link", name="Denials", exact=True).click()
     page.wait_for_url(re.compile(r"/t/demo/denials/$"))
     assert int(page.get_by_test_id("denial-total").inner_text()) >= 3  # the seeded `make test` requests
-    page.wait_for_function("() => window.Chart && Chart.getChart('denials-chart') !== undefined")
-    drawn = page.evaluate("""() => {
-        const canvas = document.getElementById('denials-chart');
-        const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
-        return pixels.some((value, index) => index % 4 === 3 && value > 0);
-    }""")
-    assert drawn, "the chart canvas is empty"
+    assert canvas_drawn(page, "denials-chart"), "the chart canvas is empty"
     assert page.locator("section[data-dimension='subject']").inner_text().count("make") >= 1
 
     page.locator("select[name=reason]").select_option("arg_denied")
@@ -38,11 +51,7 @@ def test_a_security_admin_reads_the_denials_filters_and_opens_one(page, demo_ser
 
 
 def test_allow_this_drafts_the_narrow_rule_shows_its_replay_and_publishes(page, demo_server):
-    from tests.http import call_api
-
-    def api(method, path, body=None, token=None):
-        return call_api(demo_server.url, method, path, bearer=token or demo_server.api_key, body=body)
-
+    api = api_of(demo_server)
     status, session = api("POST", "/api/v1/sessions", {"conversation_id": "allow-this", "policy": "ops"})
     assert status == 201
     commands = f"/api/v1/sessions/{session['id']}/commands"
@@ -68,21 +77,8 @@ def test_allow_this_drafts_the_narrow_rule_shows_its_replay_and_publishes(page, 
                token=fresh["token"])[0] == 403
 
 
-def canvas_drawn(page, canvas_id: str) -> bool:
-    page.wait_for_function(f"() => window.Chart && Chart.getChart('{canvas_id}') !== undefined")
-    return page.evaluate(f"""() => {{
-        const canvas = document.getElementById('{canvas_id}');
-        const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
-        return pixels.some((value, index) => index % 4 === 3 && value > 0);
-    }}""")
-
-
 def test_an_exception_from_a_denial_is_used_counted_and_revoked_and_metrics_chart_it(page, demo_server):
-    from tests.http import call_api
-
-    def api(method, path, body=None, token=None):
-        return call_api(demo_server.url, method, path, bearer=token or demo_server.api_key, body=body)
-
+    api = api_of(demo_server)
     status, session = api("POST", "/api/v1/sessions", {"conversation_id": "exception"})
     assert status == 201
     commands = f"/api/v1/sessions/{session['id']}/commands"
