@@ -20,7 +20,7 @@ from django.utils import timezone
 from controlplane.models import Tenant
 from policies_app.document import ReasonCode
 from policies_app.models import DecisionRecord, DecisionRollup, PolicyVersion
-from policies_app.rollups import hour_of
+from policies_app.rollups import day_of, hour_of
 
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 MODES = {"enforce": "deny", "audit": "audit_deny"}
@@ -89,7 +89,9 @@ class DenialQuery:
 
     @property
     def start(self) -> datetime:
-        return hour_of(self.since)
+        """Where counting starts: the hour `since` falls in, or its day for a period longer
+        than 48 h (whose older hours are compacted into days, see rollups.py)."""
+        return hour_of(self.since) if self.hourly else day_of(self.since)
 
     def records(self) -> QuerySet[DecisionRecord]:
         records = DecisionRecord.objects.filter(tenant=self.tenant, effect=self.effect, created_at__gte=self.start,
@@ -140,8 +142,7 @@ def over_time(query: DenialQuery) -> list[dict]:
     trunc, step = (TruncHour, timedelta(hours=1)) if query.hourly else (TruncDay, timedelta(days=1))
     rows = query.rollups().annotate(bucket=trunc("hour")).values("bucket").annotate(n=Sum("count")).order_by("bucket")
     counts = {row["bucket"]: row["n"] for row in rows}
-    start = query.start if query.hourly else query.start.replace(hour=0)
-    buckets, at = [], start
+    buckets, at = [], query.start
     while at < query.until:
         buckets.append({"at": at, "count": counts.get(at, 0)})
         at += step

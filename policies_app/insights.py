@@ -7,10 +7,11 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.db.models import Min, Sum
+from django.utils import timezone
 
 from policies_app.denials import TOP, DenialQuery
 from policies_app.models import DecisionRollup, Policy, PolicyPublication, PolicyVersion
-from policies_app.rollups import hour_of
+from policies_app.rollups import COMPACT_AFTER, day_of, hour_of
 
 LOOKBACK = timedelta(days=30)  # "never denied before" means: not in the 30 days before the publish
 RECENT_PUBLICATIONS = 10
@@ -36,7 +37,9 @@ def new_since(query: DenialQuery, version: PolicyVersion, limit: int = TOP) -> l
     published_at = first_published(version)
     if published_at is None:
         return []
-    start = hour_of(published_at)
+    # Hours older than the compaction horizon are merged into days: count from the day then.
+    recent = published_at >= day_of(timezone.now() - COMPACT_AFTER)
+    start = hour_of(published_at) if recent else day_of(published_at)
     rows = _rows(query.tenant, query.effect).filter(hour__gte=start, hour__lt=query.until)
     before = _rows(query.tenant, query.effect).filter(hour__lt=start, hour__gte=start - LOOKBACK)
     if query.reason:

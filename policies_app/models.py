@@ -162,7 +162,8 @@ class DecisionRollup(models.Model):
         constraints = [models.UniqueConstraint(
             fields=["tenant", "hour", "effect", "reason_code", "version_id", "rule_id", "subject", "pattern",
                     "group_kind", "group_value"], name="one_decision_rollup_row_per_key")]
-        indexes = [models.Index(fields=["tenant", "effect", "group_kind", "hour"])]
+        indexes = [models.Index(fields=["tenant", "effect", "group_kind", "hour"]),
+                   models.Index(fields=["tenant", "group_kind", "hour"])]  # every effect at once (DenialQuery.keyed)
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H}:00 {self.effect} {self.reason_code} x{self.count}"

@@ -5,13 +5,19 @@ Every decision adds one to the row of its hour keyed by effect, reason, rule, pr
 version (and, for a denied command, its argument pattern). A denial (effect `deny` or
 `audit_deny`) also adds one to a row each for its conversation and session (those rows leave rule,
 program and pattern empty, so their number stays that of the conversations and sessions). The
-increment is one INSERT … ON CONFLICT DO UPDATE, atomic in PostgreSQL and SQLite alike. A period
-is counted in whole hours, from the hour its start falls in."""
+increment is one INSERT … ON CONFLICT DO UPDATE, atomic in PostgreSQL and SQLite alike.
+
+Hours older than COMPACT_AFTER are merged into one row per day (the row of its midnight hour) by
+`compact`, which `manage.py prune_decisions` runs: a month then reads about a thirtieth of the
+rows. So a period up to 48 h is counted in whole hours from the hour it starts in, and a longer
+one in whole days (UTC) from the day it starts in."""
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import Sum
+from django.db.models.functions import TruncDay
 
 from policies_app.models import DecisionRecord, DecisionRollup
 
@@ -20,9 +26,18 @@ KEY_COLUMNS = ["tenant_id", "hour", "effect", "reason_code", "version_id", "rule
 _NUMBER = re.compile(r"^\d+$")
 
 
+COMPACT_LOCK = 0x41524C4B  # the PostgreSQL advisory lock that serialises compactions
+COMPACT_AFTER = timedelta(days=3)  # kept hour by hour: the 48 h a period counts by the hour, and a margin
+
+
 def hour_of(at: datetime) -> datetime:
     """The UTC hour `at` falls in (hours are keys: an offset of +05:30 must not shift them)."""
     return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def day_of(at: datetime) -> datetime:
+    """The UTC day `at` falls in, as its midnight."""
+    return hour_of(at).replace(hour=0)
 
 
 def rollup_keys(record: DecisionRecord) -> list[tuple]:
@@ -61,14 +76,40 @@ def argument_pattern(request: dict) -> str:
 
 def count_decision(record: DecisionRecord) -> None:
     """Add one decision to its rollup rows."""
-    keys = rollup_keys(record)
+    _add([(key, 1) for key in rollup_keys(record)])
+
+
+def _add(counted: list[tuple[tuple, int]]) -> None:
+    """Add each count to its key's row, creating the row when it is missing."""
     table = DecisionRollup._meta.db_table
     columns = ", ".join(KEY_COLUMNS)
-    values = ", ".join([f"({', '.join(['%s'] * len(KEY_COLUMNS))}, 1)"] * len(keys))
-    params = []
-    for key in keys:
-        params += [*key[:1], connection.ops.adapt_datetimefield_value(key[1]), *key[2:]]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({columns}, count) VALUES {values} "  # noqa: S608 - names are ours
-            f"ON CONFLICT ({columns}) DO UPDATE SET count = {table}.count + excluded.count", params)
+    for start in range(0, len(counted), 500):
+        batch = counted[start:start + 500]
+        values = ", ".join([f"({', '.join(['%s'] * (len(KEY_COLUMNS) + 1))})"] * len(batch))
+        params = []
+        for key, n in batch:
+            params += [*key[:1], connection.ops.adapt_datetimefield_value(key[1]), *key[2:], n]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}, count) VALUES {values} "  # noqa: S608 - names are ours
+                f"ON CONFLICT ({columns}) DO UPDATE SET count = {table}.count + excluded.count", params)
+
+
+@transaction.atomic
+def compact(now: datetime | None = None) -> int:
+    """Merge the hourly rows of every whole day older than COMPACT_AFTER into the row of the
+    day's midnight hour; returns how many hourly rows were merged. Sums are unchanged, and a
+    second run finds nothing to do."""
+    if connection.vendor == "postgresql":  # one compaction at a time: two would both add the same hours
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [COMPACT_LOCK])
+    before = day_of((now or datetime.now(UTC)) - COMPACT_AFTER)
+    hourly = DecisionRollup.objects.filter(hour__lt=before).exclude(hour__hour=0)
+    fields = ["tenant_id", "day", *KEY_COLUMNS[2:]]
+    merged = (hourly.annotate(day=TruncDay("hour", tzinfo=UTC)).values_list(*fields).annotate(n=Sum("count"))
+              .order_by())
+    counted = [(tuple(row[:-1]), row[-1]) for row in merged]
+    moved = hourly.count()
+    hourly.delete()  # first: the midnight rows they are added to are not in `hourly`
+    _add(counted)
+    return moved

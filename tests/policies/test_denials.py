@@ -286,3 +286,26 @@ def test_the_denials_page_and_api_show_the_insights(acme, bob, client_for, two_v
                                     actor=None)
     refused = client.get(f"/api/v1/denials?since_version={other.pk}")
     assert refused.status_code == 400 and "since_version" in refused.json()["fields"]
+
+
+def test_compaction_merges_old_hours_into_days_and_changes_no_count(acme, traffic):
+    from policies_app.models import DecisionRollup
+    from policies_app.rollups import compact
+
+    policy = acme.policies.get(name="default")
+    for hours in (5 * 24 + 1, 5 * 24 + 3, 5 * 24 + 7, 8 * 24 + 2):  # three hours of one day, one of another
+        record(acme, policy, {"bin": "make", "args": ["test"]}, ago=timedelta(hours=hours), conversation="conv-a")
+
+    def figures():
+        month, day = summary(query(acme, period=timedelta(days=30))), summary(query(acme))
+        return month["total"], month["by"], month["argument_patterns"], [b["count"] for b in month["over_time"]], \
+            day["total"], [b["count"] for b in day["over_time"]]
+
+    before, rows = figures(), DecisionRollup.objects.count()
+    assert before[0] == 10
+    assert compact() > 0
+    assert figures() == before  # the same counts, from fewer rows
+    assert DecisionRollup.objects.count() < rows
+    old = DecisionRollup.objects.filter(hour__lt=timezone.now() - timedelta(days=4))
+    assert old.exists() and all(row.hour.hour == 0 for row in old)
+    assert compact() == 0  # nothing left to merge
