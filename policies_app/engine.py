@@ -5,6 +5,7 @@ message, and a hint that says what would allow the request. A version is compile
 cached by its sha256; evaluation does no I/O."""
 
 import difflib
+import functools
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 from policies_app.document import CommandRule, EgressRequest, ExecRequest, PolicyDocument
 
 WORKSPACE = "/workspace"
+UNKNOWN_BINS_KEPT = 1024
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class CompiledPolicy:
     ref: VersionRef
     rules_by_bin: dict[str, tuple[CompiledRule, ...]]
     expiring: frozenset[str] = frozenset()  # programs with a rule that has an `expires`
+    # The refusal of a program no rule names depends only on the version and the name: kept.
+    unknown_bins: dict[str, "_Refusal"] = field(default_factory=dict, compare=False, repr=False)
 
 
 def compile_policy(document: PolicyDocument, ref: VersionRef) -> CompiledPolicy:
@@ -161,7 +165,12 @@ def _check_exec(compiled: CompiledPolicy, request: ExecRequest,
                         f"use a cwd inside {WORKSPACE}", hard=True), None
     rules = compiled.rules_by_bin.get(request.bin)
     if not rules:
-        return _bin_not_allowed(compiled, request.bin), None
+        refusal = compiled.unknown_bins.get(request.bin)
+        if refusal is None:
+            refusal = _bin_not_allowed(compiled, request.bin)
+            if len(compiled.unknown_bins) < UNKNOWN_BINS_KEPT:
+                compiled.unknown_bins[request.bin] = refusal
+        return refusal, None
     if request.bin in compiled.expiring:
         now = at or datetime.now(UTC)
         live = tuple(r for r in rules if r.rule.expires is None or r.rule.expires > now)
@@ -227,16 +236,21 @@ def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: 
 URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*")
 
 
-def path_candidates(arg: str) -> list[str]:
+def path_candidates(arg: str) -> tuple[str, ...]:
     """Every part of an argument that may name a path: the argument, an attached short-option
     value (`-o/etc/x`), the pieces around `=`, `:`, `,` and `@` (`--out=../x`, `x:/etc`,
     `@/etc/x`), a `file://` URL's path. Other URLs are not paths. A relative piece without a `..`
     segment cannot leave the cwd, so it is not a candidate."""
+    return _path_candidates(arg) if len(arg) <= 256 else _path_candidates.__wrapped__(arg)
+
+
+@functools.lru_cache(maxsize=8192)  # a pure function of one short string: agents repeat their arguments
+def _path_candidates(arg: str) -> tuple[str, ...]:
     text = URL.sub(lambda m: m.group(0)[7:] if m.group(0).lower().startswith("file://") else " ", arg)
     pieces = re.split(r"[=:,@\s]", text)
     if re.match(r"-[A-Za-z0-9]", arg) and len(arg) > 2:
         pieces.append(text[2:])
-    return [piece for piece in pieces if piece.startswith(("/", "~")) or ".." in piece.split("/")]
+    return tuple(piece for piece in pieces if piece.startswith(("/", "~")) or ".." in piece.split("/"))
 
 
 def path_escape(path: str, cwd: str) -> str | None:
