@@ -1,3 +1,5 @@
+import os
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
@@ -56,10 +58,12 @@ class Command(BaseCommand):
         with transaction.atomic():
             password, key = self._set_up(tenant)
         self.stdout.write(self.style.SUCCESS("\nAirlock demo tenant ready. These secrets are shown once:\n"))
-        self.stdout.write(f"  Dashboard  http://127.0.0.1:8000/   user: {DEMO_USER}   password: {password}")
+        # Where `make run` serves (scripts/run.sh reads the same variables).
+        base = f"http://{os.environ.get('AIRLOCK_HOST') or '127.0.0.1'}:{os.environ.get('AIRLOCK_PORT') or '8000'}"
+        self.stdout.write(f"  Dashboard  {base}/   user: {DEMO_USER}   password: {password}")
         self.stdout.write(f"  API key    {key}")
-        self.stdout.write(f"  Try it     curl -H 'Authorization: Bearer {key}' http://127.0.0.1:8000/api/v1/whoami")
-        self.stdout.write(f"  Metrics    curl -H 'Authorization: Bearer {key}' http://127.0.0.1:8000/metrics\n")
+        self.stdout.write(f"  Try it     curl -H 'Authorization: Bearer {key}' {base}/api/v1/whoami")
+        self.stdout.write(f"  Metrics    curl -H 'Authorization: Bearer {key}' {base}/metrics\n")
 
     def _set_up(self, tenant):
         User = get_user_model()
