@@ -27,6 +27,7 @@ from policies_app.models import DecisionRecord, Policy, PolicyException
 GRANTABLE = {"bin_not_allowed", "arg_denied", "default_deny"}
 MAX_LIFETIME = timedelta(days=90)
 RULE_PREFIX = "exception:"
+RECENT_GRANTS = 20  # of one exact command, the ones a decision looks at
 
 
 def exception_list(tenant: Tenant) -> QuerySet[PolicyException]:
@@ -108,8 +109,8 @@ def apply(*, tenant: Tenant, policy: Policy | None, request: dict, decision: Dec
         return decision
     bin_name, args = request.get("bin"), request.get("args") or []
     cwd = (request.get("cwd") or WORKSPACE).rstrip("/") or "/"
-    matches = [grant for grant in PolicyException.objects.filter(tenant=tenant, policy=policy, bin=bin_name)
-               if grant.args == args and grant.cwd == cwd]
+    matches = list(PolicyException.objects.filter(tenant=tenant, policy=policy, bin=bin_name, cwd=cwd, args=args)
+                   .order_by("-expires_at")[:RECENT_GRANTS])  # live ones first; older ones explain a refusal
     if not matches:
         return decision
     live = [grant for grant in matches if grant.revoked_at is None and grant.expires_at > at]

@@ -117,7 +117,7 @@ class ExceptionCreateSerializer(serializers.Serializer):
     (+ `args`, `cwd`); and either `expires_at` or `ttl_s`."""
 
     decision = serializers.UUIDField(required=False)
-    policy = serializers.SlugField(required=False)
+    policy = serializers.SlugField(required=False, max_length=63)
     bin = serializers.CharField(required=False, max_length=64)
     args = serializers.ListField(child=serializers.CharField(allow_blank=True, trim_whitespace=False),
                                  required=False, default=list, max_length=1000)
