@@ -1,6 +1,7 @@
 """Sandbox driver latency: p50 / p95 of create, create + first exec, exec of `true`, exec of
 `python3 -c pass` and destroy, per driver, with the ratio of exec to a bare subprocess spawn
-of the same command measured in the same run.
+of the same command measured in the same run; for Docker, also `docker exec … true` (Docker's
+own CLI) into the same containers, the floor the daemon sets.
 
     .venv/bin/python bench/runtimes.py [--runs N] [bubblewrap docker gvisor]
 
@@ -9,6 +10,7 @@ create p95 <= 400 ms, exec p95 <= 80 ms; gVisor create p95 <= 700 ms."""
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from sessions.runtimes import DRIVERS, get_driver  # noqa: E402
 from sessions.runtimes.base import ExitStatus, RuntimeUnavailable, SandboxSpec  # noqa: E402
 
 DEFAULT_RUNS = {"bubblewrap": 60, "docker": 25, "gvisor": 12}
+DOCKER_CLI = shutil.which("docker") or "/usr/bin/docker"
 
 
 def ms(started: float) -> float:
@@ -68,6 +71,10 @@ def measure(name: str, runs: int) -> dict[str, list[float]]:
         results["create + first exec"].append(ms(started))
         results["exec true"].append(run_exec(driver, sandbox, ["true"]))
         results["exec python3 -c pass"].append(run_exec(driver, sandbox, ["python3", "-c", "pass"]))
+        if "container" in sandbox.handle:  # Docker's own CLI into the same container: the daemon's floor
+            started = time.perf_counter()
+            subprocess.run([DOCKER_CLI, "exec", "-u", "65534:65534", sandbox.handle["container"], "true"], check=True)
+            results.setdefault("docker exec CLI true", []).append(ms(started))
         started = time.perf_counter()
         driver.destroy(sandbox)
         results["destroy"].append(ms(started))
@@ -92,6 +99,7 @@ def main() -> None:
             "exec true": percentiles(bare(["/bin/true"], runs))[0],
             "exec python3 -c pass": percentiles(bare(["/usr/bin/python3", "-c", "pass"], runs))[0],
         }
+
         print(f"\n## {name} ({runs} sandboxes)\n")
         print(f"| {'operation':<22} | {'p50':>8} | {'p95':>8} | {'bare spawn p50':>14} | {'ratio p50':>9} |")
         print(f"|{'-' * 24}|{'-' * 10}|{'-' * 10}|{'-' * 16}|{'-' * 11}|")
@@ -100,6 +108,9 @@ def main() -> None:
             base = baseline.get(operation)
             extra = f"{base:>14.1f} | {p50 / base:>8.1f}x" if base else f"{'':>14} | {'':>9}"
             print(f"| {operation:<22} | {p50:>8.1f} | {p95:>8.1f} | {extra} |")
+        if "docker exec CLI true" in results:
+            ours, cli = percentiles(results["exec true"])[0], percentiles(results["docker exec CLI true"])[0]
+            print(f"\n`exec true` / Docker's own `docker exec` CLI, p50: {ours / cli:.2f}x")
 
 
 if __name__ == "__main__":
