@@ -1,7 +1,8 @@
 """Insights for tuning a policy, read from the hourly decision rollups: what is denied since a
 version was published that was never denied before it, which rules decided nothing in the
 period (dormant), and each version's denial rate in the period, with a spike after a publish
-called out. Hours are the unit: a publish counts from the hour it happened in."""
+called out. Hours are the unit: a publish counts from the hour it happened in (from its day once
+its hours are compacted into days, see rollups.py)."""
 
 from collections import defaultdict
 from datetime import timedelta
