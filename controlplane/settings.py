@@ -202,6 +202,7 @@ AIRLOCK_COST_PER_CPU_SECOND = env_float("AIRLOCK_COST_PER_CPU_SECOND", 0.000012)
 AIRLOCK_COST_PER_MB_HOUR = env_float("AIRLOCK_COST_PER_MB_HOUR", 0.00000011)
 AIRLOCK_COST_CURRENCY = env_str("AIRLOCK_COST_CURRENCY", "USD")
 AIRLOCK_METRICS_TOKEN = env_str("AIRLOCK_METRICS_TOKEN")
+AIRLOCK_METRICS_CACHE_S = env_int("AIRLOCK_METRICS_CACHE_S", 15)  # /metrics serves one text this long
 if AIRLOCK_METRICS_TOKEN and len(AIRLOCK_METRICS_TOKEN) < 24:
     raise ImproperlyConfigured("AIRLOCK_METRICS_TOKEN is shorter than 24 characters; generate one with: "
                                "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")

@@ -27,7 +27,6 @@ from policies_app.models import DecisionRecord, Policy, PolicyException
 GRANTABLE = {"bin_not_allowed", "arg_denied", "default_deny"}
 MAX_LIFETIME = timedelta(days=90)
 RULE_PREFIX = "exception:"
-RECENT_GRANTS = 20  # of one exact command, the ones a decision looks at
 
 
 def exception_list(tenant: Tenant) -> QuerySet[PolicyException]:
@@ -101,32 +100,32 @@ def exception_revoke(*, grant: PolicyException, actor) -> PolicyException:
 
 
 def apply(*, tenant: Tenant, policy: Policy | None, request: dict, decision: Decision, at: datetime,
-          count: bool) -> Decision:
+          count: bool, prepend_args: tuple[str, ...] = ()) -> Decision:
     """The decision once exceptions are consulted: a rule's denial of exactly what a live
     exception names becomes an allow (counted when `count`); an expired or revoked one only
-    explains itself in the hint."""
+    explains itself in the hint. What runs is what the rule that denied would have run:
+    `prepend_args` are that rule's, so a grant never reframes the command."""
     if policy is None or decision.effect == "allow" or decision.reason_code not in GRANTABLE:
         return decision
     bin_name, args = request.get("bin"), request.get("args") or []
     cwd = (request.get("cwd") or WORKSPACE).rstrip("/") or "/"
-    matches = list(PolicyException.objects.filter(tenant=tenant, policy=policy, bin=bin_name, cwd=cwd, args=args)
-                   .order_by("-expires_at")[:RECENT_GRANTS])  # live ones first; older ones explain a refusal
-    if not matches:
-        return decision
-    live = [grant for grant in matches if grant.revoked_at is None and grant.expires_at > at]
-    if not live:
-        last = max(matches, key=lambda grant: grant.revoked_at or grant.expires_at)
+    same = PolicyException.objects.filter(tenant=tenant, policy=policy, bin=bin_name, cwd=cwd, args=args)
+    grant = same.filter(revoked_at__isnull=True, expires_at__gt=at).order_by("-expires_at").first()
+    if grant is None:
+        last = same.order_by("-created_at").first()  # the newest ended one says why it no longer allows
+        if last is None:
+            return decision
         ended = (f"was revoked at {_utc(last.revoked_at)}" if last.revoked_at
                  else f"expired at {_utc(last.expires_at)}")
         return replace(decision, hint=f"{decision.hint}; exception {last.short_id} for exactly this command {ended} "
                                       "and is not honoured; a security admin can grant a new one")
-    grant = max(live, key=lambda grant: grant.expires_at)
     if count:
         PolicyException.objects.filter(pk=grant.pk).update(use_count=F("use_count") + 1, last_used_at=at)
     why = f"{grant.ticket}: {grant.reason}" if grant.ticket else grant.reason
     return Decision(True, "allow", None, f"{RULE_PREFIX}{grant.id}",
                     f"allowed by exception {grant.short_id} ({why[:120]}) until {_utc(grant.expires_at)}; the rules "
-                    f"alone: {decision.message}", "", decision.mode, decision.policy_version, (bin_name, *args))
+                    f"alone: {decision.message}", "", decision.mode, decision.policy_version,
+                    (bin_name, *prepend_args, *args))
 
 
 def _utc(at: datetime) -> str:

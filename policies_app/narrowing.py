@@ -61,6 +61,10 @@ def draft_allowing(*, record: DecisionRecord, actor, expires: datetime | None = 
     base = policy.published_version() or record.policy_version
     document = dict(base.document)
     request = {"bin": rule["bin"], "args": list(record.request.get("args") or [])}
+    # Run it as the rule that denied it would have: a narrow rule never reframes the command.
+    denying = next((r for r in document.get("commands", []) if record.rule_id and r.get("id") == record.rule_id), None)
+    if denying and denying.get("prepend_args"):
+        rule = {**rule, "prepend_args": list(denying["prepend_args"])}
     document["commands"] = [*document.get("commands", []), rule]
     document["tests"] = [*document.get("tests", []),
                          {"request": request, "expect": {"allowed": True, "rule_id": rule["id"]}}]

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from controlplane.models import Tenant
 from policies_app.models import DecisionRecord, DecisionRollup
-from policies_app.rollups import argument_pattern, hour_of
+from policies_app.rollups import argument_pattern, day_of, hour_of
 from sessions.models import CommandRun, CommandState, Session
 
 MAX_ROWS = 20_000
@@ -70,7 +70,9 @@ def tenant_metrics(tenant: Tenant, since: datetime, until: datetime | None = Non
     metrics = Metrics(since=since, until=until)
     _sessions(metrics, tenant)
     _retries(metrics, tenant)
-    denials = (DecisionRollup.objects.filter(tenant=tenant, effect="deny", group_kind="", hour__gte=hour_of(since),
+    # Counted as the Denials page counts (rollups.py): by the hour up to 48 h, else by the day.
+    start = hour_of(since) if until - since <= timedelta(hours=48) else day_of(since)
+    denials = (DecisionRollup.objects.filter(tenant=tenant, effect="deny", group_kind="", hour__gte=start,
                                              hour__lt=until).values("reason_code").annotate(n=Sum("count")))
     metrics.denials_by_reason = {row["reason_code"]: row["n"] for row in denials.order_by("-n")}
     states = Session.objects.filter(tenant=tenant, created_at__gte=since, created_at__lt=until)
@@ -124,10 +126,12 @@ def _retries(metrics: Metrics, tenant: Tenant) -> None:
                      [:MAX_ROWS + 1])
     metrics.sampled |= len(decisions) > MAX_ROWS
     decisions = decisions[:MAX_ROWS]
-    failed = set(CommandRun.objects.filter(session__tenant=tenant, created_at__gte=metrics.since,
+    oldest = decisions[-1][-1] if decisions else metrics.until
+    failed = set(CommandRun.objects.filter(session__tenant=tenant, created_at__gte=max(oldest, metrics.since),
                                            created_at__lt=metrics.until)
                  .exclude(state__in=[CommandState.QUEUED, CommandState.RUNNING])
-                 .exclude(state=CommandState.EXITED, exit_code=0).values_list("decision_id", flat=True))
+                 .exclude(state=CommandState.EXITED, exit_code=0).order_by("-created_at")
+                 .values_list("decision_id", flat=True)[:MAX_ROWS])
     by_intent = defaultdict(list)  # (conversation, intent) -> times, oldest first
     setbacks = []
     for decision_id, conversation, session_id, request, allowed, at in reversed(decisions):

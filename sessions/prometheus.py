@@ -3,9 +3,12 @@
 It answers only with a token: `Authorization: Bearer <AIRLOCK_METRICS_TOKEN>` reads every
 tenant; a tenant's API key with scope `metrics:read` reads its own tenant only. Anything else
 gets 401 (no or a wrong token) or 403 (a key without the scope), and nothing of a tenant.
-Figures cover the last WINDOW, but sessions by state, which counts every session."""
+Figures cover the last WINDOW, but sessions by state, which counts every session; one text is
+served for AIRLOCK_METRICS_CACHE_S seconds."""
 
 import hmac
+import threading
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -23,6 +26,8 @@ from controlplane.models import ApiKeyScope, Tenant
 from sessions.metrics import sessions_by_state, tenant_metrics
 
 WINDOW = timedelta(hours=24)
+_cache: dict[tuple[int, ...], tuple[float, bytes]] = {}
+_cache_lock = threading.Lock()
 
 
 class TenantCollector:
@@ -99,6 +104,22 @@ def metrics(request):
         if status == 401:
             response["WWW-Authenticate"] = 'Bearer realm="airlock-metrics"'
         return response
+    return HttpResponse(_exposition(tuple(tenant.pk for tenant in tenants)), content_type=CONTENT_TYPE_LATEST)
+
+
+def _exposition(tenant_ids: tuple[int, ...]) -> bytes:
+    """The text for these tenants, computed at most once per AIRLOCK_METRICS_CACHE_S: scrapers (several
+    Prometheus replicas, a 15 s interval) do not each recompute every tenant's figures."""
+    now = time.monotonic()
+    with _cache_lock:
+        cached = _cache.get(tenant_ids)
+        if cached is not None and cached[0] > now:
+            return cached[1]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TenantCollector(tenants))
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    registry.register(TenantCollector(list(Tenant.objects.filter(pk__in=tenant_ids).order_by("slug"))))
+    text = generate_latest(registry)
+    with _cache_lock:
+        if len(_cache) >= 256:
+            _cache.clear()
+        _cache[tenant_ids] = (now + settings.AIRLOCK_METRICS_CACHE_S, text)
+    return text

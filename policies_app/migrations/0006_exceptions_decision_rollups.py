@@ -57,6 +57,18 @@ def roll_up_the_decision_log(apps, schema_editor):
         [DecisionRollup(**dict(zip(fields, key, strict=True)), count=n) for key, n in counts.items()], batch_size=2000)
 
 
+def denial_rollups_again(apps, schema_editor):
+    """Going back: the old table (recreated just before) gets the denials' counts again, from
+    the new one (argument patterns summed away)."""
+    DecisionRollup = apps.get_model("policies_app", "DecisionRollup")
+    DenialRollup = apps.get_model("policies_app", "DenialRollup")
+    fields = ["tenant_id", "hour", "effect", "reason_code", "version_id", "rule_id", "subject", "group_kind",
+              "group_value"]
+    rows = DecisionRollup.objects.exclude(effect="allow").values(*fields).annotate(n=models.Sum("count")).order_by()
+    DenialRollup.objects.bulk_create((DenialRollup(**{f: row[f] for f in fields}, count=row["n"]) for row in rows),
+                                     batch_size=2000)
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -106,9 +118,6 @@ class Migration(migrations.Migration):
                 'ordering': ['-created_at'],
             },
         ),
-        migrations.DeleteModel(
-            name='DenialRollup',
-        ),
         migrations.AddIndex(
             model_name='decisionrollup',
             index=models.Index(fields=['tenant', 'effect', 'group_kind', 'hour'], name='policies_ap_tenant__50d0aa_idx'),
@@ -121,5 +130,8 @@ class Migration(migrations.Migration):
             model_name='policyexception',
             index=models.Index(fields=['tenant', 'policy', 'bin'], name='policies_ap_tenant__c137d3_idx'),
         ),
-        migrations.RunPython(roll_up_the_decision_log, migrations.RunPython.noop),
+        migrations.RunPython(roll_up_the_decision_log, denial_rollups_again),
+        migrations.DeleteModel(
+            name='DenialRollup',
+        ),
     ]

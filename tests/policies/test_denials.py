@@ -221,6 +221,32 @@ def test_allow_this_with_an_expiry_drafts_a_rule_that_stops_allowing_then(acme, 
     assert client_for(alice).post(f"/t/acme/denials/{denial.pk}/allow", {"expires": "forever"}).status_code == 302
 
 
+def test_an_expired_rule_and_its_test_never_block_the_next_publish(acme, traffic):
+    from policies_app.lint import lint
+    from policies_app.services import version_document
+
+    policy = acme.policies.get(name="default")
+    source = ("commands:\n  - {id: pytest, bin: pytest}\n"
+              "  - {id: allow-make, bin: make, exact_args: [test], expires: '2020-01-01T00:00:00Z'}\n"
+              "tests:\n  - request: {bin: make, args: [test]}\n    expect: {allowed: true, rule_id: allow-make}\n")
+    version = services.version_create(policy=policy, source=source, actor=None)
+    services.version_publish(version=version, actor=None, note="the old narrow rule has expired")  # no test failure
+    assert policy.published_version() == version
+    assert not decide(tenant=acme, policy=policy, request={"bin": "make", "args": ["test"]}).decision.allowed
+    assert [w.rule_id for w in lint(version_document(version))] == ["allow-make"]  # flagged as expired
+
+
+def test_allow_this_keeps_the_prepend_args_of_the_rule_that_denied(acme, alice, client_for):
+    policy = services.policy_create(tenant=acme, name="framed", actor=None)
+    source = "commands:\n  - {id: npm-test, bin: npm, prepend_args: [test, --], deny_args: ['^--watch']}\n"
+    services.version_publish(version=services.version_create(policy=policy, source=source, actor=None), actor=None,
+                             note="test")
+    denial = decide(tenant=acme, policy=policy, request={"bin": "npm", "args": ["--watch"]}).record
+    assert client_for(alice).post(f"/t/acme/denials/{denial.pk}/allow").status_code == 201
+    rule = policy.versions.order_by("-number").first().document["commands"][-1]
+    assert (rule["exact_args"], rule["prepend_args"]) == (["--watch"], ["test", "--"])
+
+
 # -- insights ------------------------------------------------------------------------------
 
 V1 = "commands:\n  - {id: pytest, bin: pytest, deny_args: ['^-c']}\n"
@@ -309,3 +335,6 @@ def test_compaction_merges_old_hours_into_days_and_changes_no_count(acme, traffi
     old = DecisionRollup.objects.filter(hour__lt=timezone.now() - timedelta(days=4))
     assert old.exists() and all(row.hour.hour == 0 for row in old)
     assert compact() == 0  # nothing left to merge
+    keys = list(DecisionRollup.objects.values_list("tenant", "hour", "effect", "reason_code", "version_id", "rule_id",
+                                                   "subject", "pattern", "group_kind", "group_value"))
+    assert len(keys) == len(set(keys))  # one row per key: a merged day is never a second row

@@ -181,3 +181,29 @@ def test_a_security_admin_grants_one_from_a_denial_and_a_viewer_cannot(acme, pol
     exception.refresh_from_db()
     assert exception.state() == "revoked"
     assert DecisionRecord.objects.filter(tenant=acme, rule_id=f"exception:{exception.pk}").count() == 1
+
+
+def test_revoked_grants_never_hide_a_live_one(acme, policy):
+    for _ in range(25):  # later expiries, all revoked
+        exception_revoke(grant=grant(policy, hours=24 * 80), actor=None)
+    live = grant(policy, hours=1)
+    decision = judge(acme, policy, {"bin": "make", "args": ["test"]}).decision
+    assert decision.allowed and decision.rule_id == f"exception:{live.id}"
+
+
+def test_a_grant_runs_the_command_as_the_rule_that_denied_it_would_have(acme):
+    framed = services.policy_create(tenant=acme, name="framed", actor=None)
+    source = "commands:\n  - {id: npm-test, bin: npm, prepend_args: [test, --], deny_args: ['^--watch']}\n"
+    services.version_publish(version=services.version_create(policy=framed, source=source, actor=None), actor=None,
+                             note="test")
+    grant(framed, "npm", ["--watch"])
+    decision = judge(acme, framed, {"bin": "npm", "args": ["--watch"]}).decision
+    assert decision.allowed and decision.argv == ("npm", "test", "--", "--watch")  # never `npm --watch`
+
+
+def test_the_shadow_candidate_sees_the_same_exceptions(acme, policy):
+    candidate = services.version_create(policy=policy, source=SOURCE + "  - {id: git, bin: git}\n", actor=None)
+    services.policy_set_shadow(policy=policy, version=candidate, actor=None)
+    grant(policy)
+    record = judge(acme, policy, {"bin": "make", "args": ["test"]}).record
+    assert record.allowed and record.shadow_allowed is True and not record.shadow_differs

@@ -84,7 +84,9 @@ def test_the_metrics_page_shows_one_tenants_figures_with_charts(acme, bob, charl
     html = client_for(bob).get("/t/acme/metrics/").content.decode()
     assert 'data-testid="metric-sessions">4<' in html and "200 / 1000 ms" in html and "60 / 500 ms" in html
     assert 'data-testid="metric-cache">66.7 %<' in html and 'data-testid="metric-retry">50.0 %<' in html
-    assert '<canvas id="starts-chart"' in html and "curl" not in html  # globex's denial is not acme's
+    assert '<canvas id="starts-chart"' in html
+    reasons = html[html.index('data-testid="denials-by-reason"'):].split("</table>")[0]
+    assert "bin_not_allowed" in reasons and ">3<" in reasons and "default_deny" not in reasons  # not globex's
     assert client_for(bob).get("/t/acme/metrics/?period=forever").status_code == 400
     assert client_for(charlie).get("/t/acme/metrics/").status_code == 404
 
@@ -112,3 +114,16 @@ def test_without_a_configured_token_only_a_metrics_key_is_let_in(acme, fleet, se
     assert api("").get("/metrics").status_code == 401
     assert api("anything").get("/metrics").status_code == 401
     assert api(make_key(acme, scopes=[ApiKeyScope.METRICS]).key).get("/metrics").status_code == 200
+
+
+def test_a_long_periods_denials_count_whole_days_as_the_denials_page_does(acme, fleet):
+    from policies_app.denials import DenialQuery, summary
+    from policies_app.rollups import compact
+
+    policy = acme.policies.get(name="default")
+    decide(tenant=acme, policy=policy, request={"bin": "make", "args": []},
+           at=timezone.now() - timedelta(days=7) + timedelta(minutes=30))
+    compact()
+    now = timezone.now()
+    page = summary(DenialQuery(tenant=acme, since=now - timedelta(days=7), until=now))["total"]
+    assert sum(tenant_metrics(acme, now - timedelta(days=7), now).denials_by_reason.values()) == page == 4
