@@ -20,6 +20,20 @@ def api_of(demo_server):
     return api
 
 
+def open_a_denial(page, demo_server, request: dict, **session_body):
+    """An agent's session whose `request` is denied; the admin, logged in, on that denial's page.
+    Returns the API caller, the session and its commands URL."""
+    api = api_of(demo_server)
+    status, session = api("POST", "/api/v1/sessions", session_body)
+    assert status == 201
+    commands = f"/api/v1/sessions/{session['id']}/commands"
+    status, denied = api("POST", commands, request, token=session["token"])
+    assert status == 403
+    log_in(page, demo_server)
+    page.goto(f"{demo_server.url}/t/demo/denials/{denied['decision']['id']}/")
+    return api, session, commands
+
+
 def canvas_drawn(page, canvas_id: str) -> bool:
     page.wait_for_function(f"() => window.Chart && Chart.getChart('{canvas_id}') !== undefined")
     return page.evaluate(f"""() => {{
@@ -51,14 +65,8 @@ def test_a_security_admin_reads_the_denials_filters_and_opens_one(page, demo_ser
 
 
 def test_allow_this_drafts_the_narrow_rule_shows_its_replay_and_publishes(page, demo_server):
-    api = api_of(demo_server)
-    status, session = api("POST", "/api/v1/sessions", {"conversation_id": "allow-this", "policy": "ops"})
-    assert status == 201
-    commands = f"/api/v1/sessions/{session['id']}/commands"
-    status, denied = api("POST", commands, {"bin": "make", "args": ["test"]}, token=session["token"])
-    assert status == 403
-    log_in(page, demo_server)
-    page.goto(f"{demo_server.url}/t/demo/denials/{denied['decision']['id']}/")
+    api, _, _ = open_a_denial(page, demo_server, {"bin": "make", "args": ["test"]}, conversation_id="allow-this",
+                              policy="ops")
     page.on("dialog", lambda dialog: dialog.accept())
     page.get_by_test_id("allow-this").click()
     replay = page.get_by_test_id("policy-replay")
@@ -71,6 +79,7 @@ def test_allow_this_drafts_the_narrow_rule_shows_its_replay_and_publishes(page, 
     page.wait_for_load_state()
     assert page.get_by_test_id("version-state").inner_text() == "published"
     status, fresh = api("POST", "/api/v1/sessions", {"conversation_id": "allow-this", "policy": "ops"})
+    assert status == 201
     assert api("POST", f"/api/v1/sessions/{fresh['id']}/commands", {"bin": "make", "args": ["test"]},
                token=fresh["token"])[0] == 202
     assert api("POST", f"/api/v1/sessions/{fresh['id']}/commands", {"bin": "make", "args": ["all"]},
@@ -78,14 +87,8 @@ def test_allow_this_drafts_the_narrow_rule_shows_its_replay_and_publishes(page, 
 
 
 def test_an_exception_from_a_denial_is_used_counted_and_revoked_and_metrics_chart_it(page, demo_server):
-    api = api_of(demo_server)
-    status, session = api("POST", "/api/v1/sessions", {"conversation_id": "exception"})
-    assert status == 201
-    commands = f"/api/v1/sessions/{session['id']}/commands"
-    status, denied = api("POST", commands, {"bin": "echo", "args": ["hotfix"]}, token=session["token"])
-    assert status == 403
-    log_in(page, demo_server)
-    page.goto(f"{demo_server.url}/t/demo/denials/{denied['decision']['id']}/")
+    api, session, commands = open_a_denial(page, demo_server, {"bin": "echo", "args": ["hotfix"]},
+                                           conversation_id="exception")
     form = page.get_by_role("form", name="Grant an exception")
     form.locator("select[name=lifetime]").select_option("1h")
     form.locator("input[name=reason]").fill("hotfix during the freeze")
