@@ -68,12 +68,13 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
     started = time.perf_counter_ns()
     decision = judge(compiled_version(version), request, at) if version else _nothing_published(policy)
     eval_us = (time.perf_counter_ns() - started) // 1000
-    if kind == "exec" and version is not None:
-        decision = _with_exceptions(tenant, policy, version, request, decision, at, count=record)
+    if version is not None:
+        decision = _with_exceptions(kind, tenant, policy, version, request, decision, at, count=record)
     shadow_version = policy.shadow_version if policy is not None and policy.shadow_version_id else None
-    shadow = judge(compiled_version(shadow_version), request, at) if shadow_version else None
-    if shadow is not None and kind == "exec":  # the same exceptions hold under either version
-        shadow = _with_exceptions(tenant, policy, shadow_version, request, shadow, at, count=False)
+    shadow = None
+    if shadow_version is not None:  # the policy's exceptions hold under the candidate too
+        shadow = _with_exceptions(kind, tenant, policy, shadow_version, request,
+                                  judge(compiled_version(shadow_version), request, at), at, count=False)
     stored = None
     if record:
         stored = _store(tenant, version, kind, request, decision, eval_us, session_id, conversation_id,
@@ -85,16 +86,12 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
     return Evaluation(decision=decision, record=stored, shadow=shadow)
 
 
-def _with_exceptions(tenant, policy, version: PolicyVersion, request: dict, decision: Decision, at: datetime, *,
-                     count: bool) -> Decision:
-    """`decision` once the policy's exceptions are consulted; a grant runs the command as the
-    rule that denied it would have (with that rule's prepend_args)."""
-    if decision.effect == "allow" or decision.reason_code not in exceptions.GRANTABLE:
+def _with_exceptions(kind: str, tenant: Tenant, policy: Policy | None, version: PolicyVersion, request: dict,
+                     decision: Decision, at: datetime, *, count: bool) -> Decision:
+    if kind != "exec":
         return decision
-    rules = compiled_version(version).rules_by_bin.get(request.get("bin"), ())
-    rule = next((r.rule for r in rules if r.rule.id == decision.rule_id), None)
-    return exceptions.apply(tenant=tenant, policy=policy, request=request, decision=decision, at=at, count=count,
-                            prepend_args=tuple(rule.prepend_args) if rule else ())
+    return exceptions.apply(tenant=tenant, policy=policy, compiled=compiled_version(version), request=request,
+                            decision=decision, at=at, count=count)
 
 
 def refuse(*, tenant: Tenant, version: PolicyVersion | None, kind: str, request: dict, reason_code: str,

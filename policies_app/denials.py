@@ -20,7 +20,7 @@ from django.utils import timezone
 from controlplane.models import Tenant
 from policies_app.document import ReasonCode
 from policies_app.models import DecisionRecord, DecisionRollup, PolicyVersion
-from policies_app.rollups import day_of, hour_of
+from policies_app.rollups import bucket_of, by_hour
 
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 MODES = {"enforce": "deny", "audit": "audit_deny"}
@@ -91,7 +91,7 @@ class DenialQuery:
     def start(self) -> datetime:
         """Where counting starts: the hour `since` falls in, or its day for a period longer
         than 48 h (whose older hours are compacted into days, see rollups.py)."""
-        return hour_of(self.since) if self.hourly else day_of(self.since)
+        return bucket_of(self.since, self.hourly)
 
     def records(self) -> QuerySet[DecisionRecord]:
         records = DecisionRecord.objects.filter(tenant=self.tenant, effect=self.effect, created_at__gte=self.start,
@@ -134,7 +134,7 @@ class DenialQuery:
 
     @property
     def hourly(self) -> bool:
-        return self.until - self.since <= timedelta(hours=48)
+        return by_hour(self.since, self.until)
 
 
 def over_time(query: DenialQuery) -> list[dict]:

@@ -21,7 +21,7 @@ from controlplane.audit import actor_label, audit_record
 from controlplane.models import Tenant
 from policies_app import narrowing
 from policies_app.document import BARE_NAME
-from policies_app.engine import WORKSPACE, Decision, path_candidates, path_escape
+from policies_app.engine import WORKSPACE, CompiledPolicy, Decision, path_candidates, path_escape
 from policies_app.models import DecisionRecord, Policy, PolicyException
 
 GRANTABLE = {"bin_not_allowed", "arg_denied", "default_deny"}
@@ -99,12 +99,12 @@ def exception_revoke(*, grant: PolicyException, actor) -> PolicyException:
     return grant
 
 
-def apply(*, tenant: Tenant, policy: Policy | None, request: dict, decision: Decision, at: datetime,
-          count: bool, prepend_args: tuple[str, ...] = ()) -> Decision:
-    """The decision once exceptions are consulted: a rule's denial of exactly what a live
-    exception names becomes an allow (counted when `count`); an expired or revoked one only
-    explains itself in the hint. What runs is what the rule that denied would have run:
-    `prepend_args` are that rule's, so a grant never reframes the command."""
+def apply(*, tenant: Tenant, policy: Policy | None, compiled: CompiledPolicy, request: dict, decision: Decision,
+          at: datetime, count: bool) -> Decision:
+    """The decision of `compiled` once exceptions are consulted: a rule's denial of exactly what
+    a live exception names becomes an allow (counted when `count`); an expired or revoked one
+    only explains itself in the hint. What runs is what the rule that denied would have run
+    (with its prepend_args), so a grant never reframes the command."""
     if policy is None or decision.effect == "allow" or decision.reason_code not in GRANTABLE:
         return decision
     bin_name, args = request.get("bin"), request.get("args") or []
@@ -122,6 +122,8 @@ def apply(*, tenant: Tenant, policy: Policy | None, request: dict, decision: Dec
     if count:
         PolicyException.objects.filter(pk=grant.pk).update(use_count=F("use_count") + 1, last_used_at=at)
     why = f"{grant.ticket}: {grant.reason}" if grant.ticket else grant.reason
+    denying = next((r.rule for r in compiled.rules_by_bin.get(bin_name, ()) if r.rule.id == decision.rule_id), None)
+    prepend_args = tuple(denying.prepend_args) if denying else ()
     return Decision(True, "allow", None, f"{RULE_PREFIX}{grant.id}",
                     f"allowed by exception {grant.short_id} ({why[:120]}) until {_utc(grant.expires_at)}; the rules "
                     f"alone: {decision.message}", "", decision.mode, decision.policy_version,

@@ -27,6 +27,7 @@ _NUMBER = re.compile(r"^\d+$")
 
 
 COMPACT_LOCK = 0x41524C4B  # the PostgreSQL advisory lock that serialises compactions
+HOURLY_UP_TO = timedelta(hours=48)  # a period this long or shorter is counted by the hour
 COMPACT_AFTER = timedelta(days=3)  # kept hour by hour: the 48 h a period counts by the hour, and a margin
 
 
@@ -38,6 +39,15 @@ def hour_of(at: datetime) -> datetime:
 def day_of(at: datetime) -> datetime:
     """The UTC day `at` falls in, as its midnight."""
     return hour_of(at).replace(hour=0)
+
+
+def by_hour(since: datetime, until: datetime) -> bool:
+    """Whether a period is counted (and charted) hour by hour; a longer one goes by the day."""
+    return until - since <= HOURLY_UP_TO
+
+
+def bucket_of(at: datetime, hourly: bool) -> datetime:
+    return hour_of(at) if hourly else day_of(at)
 
 
 def rollup_keys(record: DecisionRecord) -> list[tuple]:
@@ -109,7 +119,6 @@ def compact(now: datetime | None = None) -> int:
     merged = (hourly.annotate(day=TruncDay("hour", tzinfo=UTC)).values_list(*fields).annotate(n=Sum("count"))
               .order_by())
     counted = [(tuple(row[:-1]), row[-1]) for row in merged]
-    moved = hourly.count()
-    hourly.delete()  # first: the midnight rows they are added to are not in `hourly`
+    moved, _ = hourly.delete()  # first: the midnight rows they are added to are not in `hourly`
     _add(counted)
     return moved

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from controlplane.models import Tenant
 from policies_app.models import DecisionRecord, DecisionRollup
-from policies_app.rollups import argument_pattern, day_of, hour_of
+from policies_app.rollups import argument_pattern, bucket_of, by_hour
 from sessions.models import CommandRun, CommandState, Session
 
 MAX_ROWS = 20_000
@@ -71,7 +71,7 @@ def tenant_metrics(tenant: Tenant, since: datetime, until: datetime | None = Non
     _sessions(metrics, tenant)
     _retries(metrics, tenant)
     # Counted as the Denials page counts (rollups.py): by the hour up to 48 h, else by the day.
-    start = hour_of(since) if until - since <= timedelta(hours=48) else day_of(since)
+    start = bucket_of(since, by_hour(since, until))
     denials = (DecisionRollup.objects.filter(tenant=tenant, effect="deny", group_kind="", hour__gte=start,
                                              hour__lt=until).values("reason_code").annotate(n=Sum("count")))
     metrics.denials_by_reason = {row["reason_code"]: row["n"] for row in denials.order_by("-n")}
@@ -89,20 +89,18 @@ def _sessions(metrics: Metrics, tenant: Tenant) -> None:
     rows = rows[:MAX_ROWS]
     metrics.sessions = len(rows)
     starts, prepares = [], []
-    hourly = metrics.until - metrics.since <= timedelta(hours=48)
+    hourly = by_hour(metrics.since, metrics.until)
     buckets = defaultdict(list)
     for created, ready, ended, prepare_ms, cache_hit, cpu_s, disk_bytes in rows:
-        if ready is not None:
-            start_ms = (ready - created).total_seconds() * 1000
-            starts.append(start_ms)
-            bucket = hour_of(created) if hourly else hour_of(created).replace(hour=0)
-            buckets[bucket].append(start_ms)
         if prepare_ms is not None:
             prepares.append(prepare_ms)
         if cache_hit is not None:
             metrics.cache_lookups += 1
             metrics.cache_hits += cache_hit
         if ready is not None:
+            start_ms = (ready - created).total_seconds() * 1000
+            starts.append(start_ms)
+            buckets[bucket_of(created, hourly)].append(start_ms)
             minutes = ((ended or metrics.until) - ready).total_seconds() / 60
             metrics.session_minutes += minutes
             metrics.cpu_s += cpu_s or 0.0

@@ -104,19 +104,19 @@ def metrics(request):
         if status == 401:
             response["WWW-Authenticate"] = 'Bearer realm="airlock-metrics"'
         return response
-    return HttpResponse(_exposition(tuple(tenant.pk for tenant in tenants)), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(_exposition(tenants), content_type=CONTENT_TYPE_LATEST)
 
 
-def _exposition(tenant_ids: tuple[int, ...]) -> bytes:
+def _exposition(tenants: list[Tenant]) -> bytes:
     """The text for these tenants, computed at most once per AIRLOCK_METRICS_CACHE_S: scrapers (several
     Prometheus replicas, a 15 s interval) do not each recompute every tenant's figures."""
-    now = time.monotonic()
+    tenant_ids, now = tuple(tenant.pk for tenant in tenants), time.monotonic()
     with _cache_lock:
         cached = _cache.get(tenant_ids)
         if cached is not None and cached[0] > now:
             return cached[1]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TenantCollector(list(Tenant.objects.filter(pk__in=tenant_ids).order_by("slug"))))
+    registry.register(TenantCollector(tenants))
     text = generate_latest(registry)
     with _cache_lock:
         if len(_cache) >= 256:

@@ -1,7 +1,6 @@
 """The operator dashboard: the tenant's live sessions, one session's live terminal, Kill, and
 the operations metrics."""
 
-from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import messages
@@ -12,6 +11,7 @@ from django.views.decorators.http import require_POST
 
 from controlplane.decorators import tenant_view
 from policies_app.denials import PERIODS
+from policies_app.rollups import by_hour
 from sessions import broker, selectors
 from sessions.metrics import tenant_metrics
 from sessions.models import SessionState
@@ -80,7 +80,7 @@ def metrics_page(request):
             "error": f"period must be one of {', '.join(PERIODS)}"}, status=400)
     now = timezone.now()
     figures = tenant_metrics(request.tenant, now - PERIODS[period], now)
-    hourly = PERIODS[period] <= timedelta(hours=48)
+    hourly = by_hour(now - PERIODS[period], now)
     charts = {
         "starts": {"labels": [b["at"].strftime("%m-%d %H:00" if hourly else "%Y-%m-%d")
                               for b in figures.starts_over_time],
