@@ -195,7 +195,7 @@ def start_server() -> tuple[str, str, subprocess.Popen, Path]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).with_name("daphne")), "-b", "127.0.0.1", "-p", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "controlplane.serve", "-b", "127.0.0.1", "-p", str(port),
                                "controlplane.asgi:application"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     for _ in range(300):

@@ -183,11 +183,14 @@ AIRLOCK_API_THREADS = env_int("AIRLOCK_API_THREADS", 64, minimum=2)
 # A session ends as `expired` at its policy's session_ttl_s, or after this long without a command.
 AIRLOCK_SESSION_IDLE_TIMEOUT_S = env_int("AIRLOCK_SESSION_IDLE_TIMEOUT_S", 900, minimum=10)
 AIRLOCK_MAX_FILE_BYTES = env_int("AIRLOCK_MAX_FILE_BYTES", 4 * 2**20, minimum=1024)
-# Local git repositories a session may start from: "name=/path/to/repo,other=/path".
+# Any request body (a workspace file, a policy, a form): longer ones get 413 before being read.
+AIRLOCK_MAX_REQUEST_BYTES = env_int("AIRLOCK_MAX_REQUEST_BYTES", AIRLOCK_MAX_FILE_BYTES + 2**20, minimum=65536)
+# Local git repositories a session may start from: "acme:app=/srv/app" for tenant acme's sessions
+# only; "docs=/srv/docs", with no tenant, for every tenant's.
 AIRLOCK_WORKSPACE_REPOS = [item.partition("=")[::2] for item in env_list("AIRLOCK_WORKSPACE_REPOS", [])]
 for _name, _path in AIRLOCK_WORKSPACE_REPOS:
-    if not _name or not _path.startswith("/"):
-        raise ImproperlyConfigured(f"AIRLOCK_WORKSPACE_REPOS: {_name}={_path} is not name=/absolute/path")
+    if not _name.rpartition(":")[2] or not _path.startswith("/"):
+        raise ImproperlyConfigured(f"AIRLOCK_WORKSPACE_REPOS: {_name}={_path} is not [tenant:]name=/absolute/path")
 # Values redacted from everything stored, streamed or logged, beside the credential shapes.
 AIRLOCK_REDACT_VALUES = env_list("AIRLOCK_REDACT_VALUES", [])
 
@@ -214,6 +217,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact": {"()": "controlplane.redaction.RedactingFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": env_str("AIRLOCK_LOG_LEVEL", "INFO").upper()},
 }

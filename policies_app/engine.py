@@ -233,7 +233,9 @@ def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: 
     return None
 
 
-URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]*")
+# A scheme of at most 32 characters that starts where a scheme can: linear in the argument's
+# length (an unbounded scheme made a long argument cost the square of its length).
+URL = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s,]*")
 
 
 def path_candidates(arg: str) -> tuple[str, ...]:
@@ -246,7 +248,8 @@ def path_candidates(arg: str) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=8192)  # a pure function of one short string: agents repeat their arguments
 def _path_candidates(arg: str) -> tuple[str, ...]:
-    text = URL.sub(lambda m: m.group(0)[7:] if m.group(0).lower().startswith("file://") else " ", arg)
+    text = URL.sub(lambda m: m.group(0)[7:] if m.group(0).lower().startswith("file://") else " ", arg) \
+        if "://" in arg else arg
     pieces = re.split(r"[=:,@\s]", text)
     if re.match(r"-[A-Za-z0-9]", arg) and len(arg) > 2:
         pieces.append(text[2:])

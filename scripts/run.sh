@@ -23,4 +23,4 @@ say "Applying database migrations"
 host=${AIRLOCK_HOST:-127.0.0.1}
 port=${AIRLOCK_PORT:-8000}
 say "Serving the dashboard and API on http://$host:$port/ (Ctrl-C stops)"
-exec .venv/bin/daphne -b "$host" -p "$port" --access-log - controlplane.asgi:application
+exec .venv/bin/python -m controlplane.serve -b "$host" -p "$port" --access-log - controlplane.asgi:application

@@ -45,7 +45,7 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
     if version is None:
         raise BrokerError("policy_not_published", f"policy {policy_name!r} has no published version; a security "
                           "admin can publish one", 409)
-    if repository and repository not in allowed_repositories():
+    if repository and repository not in allowed_repositories(tenant.slug):
         raise BrokerError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)
     try:
         runner = runner_pick()
@@ -90,12 +90,13 @@ def command_propose(*, session: Session, request: dict, wait: bool) -> CommandRu
             denied = None
             limits = session.policy_version.document["limits"]
             command = services.command_queue(
-                session=session, argv=redact_data(list(evaluation.decision.argv), secrets), cwd=request["cwd"],
+                session=session, argv=redact_data(list(evaluation.decision.argv), secrets),
+                cwd=redact_data(request["cwd"], secrets),
                 timeout_s=request.get("timeout_s") or limits["command_timeout_s"], decision=evaluation.record)
     if denied:
         raise denied
     message = {"type": "command.run", "session": str(session.pk), "command": str(command.pk),
-               "argv": list(evaluation.decision.argv), "stored_argv": command.argv, "cwd": command.cwd,
+               "argv": list(evaluation.decision.argv), "stored_argv": command.argv, "cwd": request["cwd"],
                "timeout_s": command.timeout_s, "tail_chars": limits["output_tail_chars"]}
     if wait:
         reply = runner_call(session.runner_id, {**message, "wait": True}, timeout_s=command.timeout_s + 30)

@@ -9,16 +9,28 @@ A late subscriber first gets the session's state and recent commands, then the r
 command's tail so far (a snapshot from the runner), then live events. Output events carry
 sequence numbers: events the snapshot already covers are skipped, and a gap (the channel
 layer dropped messages for a slow subscriber, or the runner's outbox was full) becomes one
-`lagged` event instead of a silent hole."""
+`lagged` event instead of a silent hole.
+
+A subscriber that reads slowly never slows the runner nor grows the server's memory: the
+server waits for its connection to drain (controlplane/serve.py) while the consumer keeps
+taking events off the channel layer into a bounded outbox. Output that does not fit is dropped
+and counted, and the next event it lets through is preceded by `lagged`; state and command
+events are kept. What the channel layer itself dropped (a full queue, under load) may include a
+command's end or a state change: once anything went missing, the consumer reconciles with the
+database every RECONCILE_S until no command it knows of is running, and sends the ends and the
+state it finds there (marked `reconciled`), so a subscriber always learns how each command ended."""
 
 import asyncio
+import collections
+import json
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.models import Membership
-from sessions.models import Session, runner_channel, session_group, tenant_group
+from sessions.models import CommandState, Session, runner_channel, session_group, tenant_group
 from sessions.selectors import session_by_token
 
 SUBPROTOCOL = "airlock.v1"
@@ -27,7 +39,22 @@ AUTH_WAIT_S = 5
 SNAPSHOT_WAIT_S = 2
 RECENT_COMMANDS = 20
 PENDING_LIMIT = 2000
+OUTBOX_CHARS = 2**20  # output waiting for one slow subscriber; past it, output events are dropped
+OUTBOX_EVENTS = 10_000  # and past this many waiting events, any event is
+RECONCILE_S = 1.0
 FORBIDDEN = 4403
+
+
+class OneWayJsonConsumer(AsyncJsonWebsocketConsumer):
+    """A stream whose subscribers send nothing but, perhaps, a first JSON message: a frame that
+    is not JSON (text or binary) is handed on as None, never a crash of the consumer."""
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        try:
+            content = json.loads(text_data) if text_data is not None else None
+        except ValueError:
+            content = None
+        await self.receive_json(content)
 
 
 @database_sync_to_async
@@ -64,13 +91,36 @@ def _opening_state(session_id) -> dict:
     }
 
 
-class SessionConsumer(AsyncJsonWebsocketConsumer):
+@database_sync_to_async
+def _session_now(session_id, command_ids: set[str], since) -> tuple[dict, list[dict], bool]:
+    """The session's state event, the end events of its commands created since `since` (or named)
+    that have ended, and whether any command of the session is still queued or running."""
+    session = Session.objects.get(pk=session_id)
+    state = {"event": "session.state", "session": str(session.pk), "state": session.state,
+             "reason": session.state_reason}
+    ended = [{"event": "command.exited", "session": str(session.pk), "command": str(c.pk), "exit_code": c.exit_code,
+              "reason": c.reason, "duration_ms": c.duration_ms, "truncated": c.truncated, "reconciled": True}
+             for c in session.commands.filter(Q(pk__in=command_ids) | Q(created_at__gte=since)).order_by("created_at")
+             if c.finished]
+    return state, ended, session.commands.filter(state__in=(CommandState.QUEUED, CommandState.RUNNING)).exists()
+
+
+class SessionConsumer(OneWayJsonConsumer):
     async def connect(self):
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         self.joined = False
         self.pending: list | None = None
         self.last_seq: int | None = None
         self.waiter: asyncio.Task | None = None
+        self.sender: asyncio.Task | None = None
+        self.outbox: collections.deque = collections.deque()
+        self.outbox_chars = 0
+        self.missed = 0
+        self.has_mail = asyncio.Event()
+        self.state: str | None = None  # the session state last sent
+        self.unended: set[str] = set()  # commands seen starting whose end has not been sent
+        self.ended: set[str] = set()
+        self.reconciler: asyncio.Task | None = None
         offered = self.scope.get("subprotocols") or []
         await self.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         session = await _session_for_user(self.scope.get("user"), self.session_id)
@@ -102,10 +152,12 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         await self.close(code=FORBIDDEN)
 
     async def _join(self) -> None:
-        self.joined = True
+        self.joined, self.joined_at = True, timezone.now()
+        self.sender = asyncio.create_task(self._send_outbox())
         await self.channel_layer.group_add(session_group(self.session_id), self.channel_name)
         opening = await _opening_state(self.session_id)
-        await self.send_json(opening)
+        self.unended.update(c["command"] for c in opening["commands"] if c["state"] in {"queued", "running"})
+        self._post(opening)
         if opening["runner"]:
             self.pending = []
             await self.channel_layer.send(runner_channel(opening["runner"]), {
@@ -116,27 +168,62 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
 
     async def _snapshot_timeout(self) -> None:
         await asyncio.sleep(SNAPSHOT_WAIT_S)
-        await self._flush_pending()
+        self._flush_pending()
 
     async def disconnect(self, code):
-        if self.waiter is not None:
-            self.waiter.cancel()
+        for task in (self.waiter, self.sender, self.reconciler):
+            if task is not None:
+                task.cancel()
         if self.joined:
             await self.channel_layer.group_discard(session_group(self.session_id), self.channel_name)
+
+    def _post(self, event: dict) -> None:
+        """Queue an event for the subscriber; output past the outbox's bound is dropped and
+        counted, and the count goes out as `lagged` before the next event let through."""
+        size = len(event.get("data") or "")
+        if (len(self.outbox) >= OUTBOX_EVENTS or
+                (event.get("event") == "command.output" and self.outbox_chars + size > OUTBOX_CHARS)):
+            self.missed += 1
+            if event.get("event") != "command.output":
+                self._reconcile_soon()
+            return
+        if self.missed:
+            self.outbox.append({"event": "lagged", "session": self.session_id, "missed": self.missed})
+            self.missed = 0
+        kind = event.get("event")
+        if kind == "session.state":
+            self.state = event["state"]
+        elif kind == "command.started":
+            self.unended.add(event["command"])
+        elif kind == "command.exited":
+            self.unended.discard(event["command"])
+            self.ended.add(event["command"])
+        self.outbox.append(event)
+        self.outbox_chars += size
+        self.has_mail.set()
+
+    async def _send_outbox(self) -> None:
+        while True:
+            await self.has_mail.wait()
+            while self.outbox:
+                event = self.outbox.popleft()
+                self.outbox_chars -= len(event.get("data") or "")
+                await self.send_json(event)  # waits while the connection drains
+            self.has_mail.clear()
 
     async def airlock_snapshot(self, message):
         if self.pending is None:
             return
         if message.get("command"):
-            await self.send_json({"event": "command.output", "session": self.session_id, "command": message["command"],
-                                  "stream": "tail", "data": message["output"], "snapshot": True})
+            self._post({"event": "command.output", "session": self.session_id, "command": message["command"],
+                        "stream": "tail", "data": message["output"], "snapshot": True})
         self.last_seq = message.get("seq")
-        await self._flush_pending()
+        self._flush_pending()
 
-    async def _flush_pending(self) -> None:
+    def _flush_pending(self) -> None:
         pending, self.pending = self.pending, None
         for event in pending or []:
-            await self._deliver(event)
+            self._deliver(event)
 
     async def airlock_event(self, message):
         event = message["event"]
@@ -144,22 +231,43 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             if len(self.pending) < PENDING_LIMIT:
                 self.pending.append(event)
             return  # past the limit the gap shows up as `lagged` once the snapshot arrives
-        await self._deliver(event)
+        self._deliver(event)
 
-    async def _deliver(self, event: dict) -> None:
+    def _deliver(self, event: dict) -> None:
         seq = event.get("seq")
         if seq is not None:
             if self.last_seq is not None and seq <= self.last_seq:
                 return  # the snapshot already held it
             first = event.get("seq_from", seq)
             if self.last_seq is not None and first > self.last_seq + 1:
-                missed = first - self.last_seq - 1
-                await self.send_json({"event": "lagged", "session": self.session_id, "missed": missed})
+                self.missed += first - self.last_seq - 1  # dropped before it reached this consumer
+                self._reconcile_soon()
             self.last_seq = seq
-        await self.send_json(event)
+        if event.get("event") == "command.exited" and event["command"] in self.ended:
+            return  # reconciliation already sent it
+        self._post(event)
+
+    def _reconcile_soon(self) -> None:
+        if self.reconciler is None or self.reconciler.done():
+            self.reconciler = asyncio.create_task(self._reconcile())
+
+    async def _reconcile(self) -> None:
+        """While something may have been lost: now and then (from RECONCILE_S, slowing to 10 s),
+        send what the database says ended and the session's state, until no command of the
+        session is queued or running."""
+        busy, pause = True, RECONCILE_S
+        while busy:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 10.0)
+            state, ended, busy = await _session_now(self.session_id, set(self.unended), self.joined_at)
+            for event in ended:
+                if event["command"] not in self.ended:
+                    self._post(event)
+            if state["state"] != self.state:
+                self._post(state)
 
 
-class TenantSessionsConsumer(AsyncJsonWebsocketConsumer):
+class TenantSessionsConsumer(OneWayJsonConsumer):
     """The operator dashboard's live list: every session change of one tenant."""
 
     async def connect(self):

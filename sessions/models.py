@@ -154,6 +154,7 @@ class Runner(models.Model):
     heartbeat_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)
     stop_reason = models.CharField(max_length=200, blank=True)
+    reaped = models.PositiveIntegerField(default=0, help_text="orphan sandboxes this runner destroyed")
 
     class Meta:
         ordering = ["-started_at"]

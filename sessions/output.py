@@ -8,7 +8,7 @@ key block spans lines: from its BEGIN line to its END line every line is redacte
 import codecs
 import re
 
-from controlplane.redaction import REDACTED, redact, secret_spans
+from controlplane.redaction import REDACTED, may_hold_a_secret, redact, secret_spans
 from sessions.runtimes.base import OutputTail
 
 LINE_LIMIT = 4096
@@ -59,6 +59,8 @@ class StreamRedactor:
     def _redact(self, text: str) -> str:
         if not text:
             return ""
+        if not self._in_key and not may_hold_a_secret(text, self.secrets):
+            return text
         lines = []
         for line in text.splitlines(keepends=True):
             if self._in_key:

@@ -3,8 +3,9 @@
 It answers only with a token: `Authorization: Bearer <AIRLOCK_METRICS_TOKEN>` reads every
 tenant; a tenant's API key with scope `metrics:read` reads its own tenant only. Anything else
 gets 401 (no or a wrong token) or 403 (a key without the scope), and nothing of a tenant.
-Figures cover the last WINDOW, but sessions by state, which counts every session; one text is
-served for AIRLOCK_METRICS_CACHE_S seconds."""
+Figures cover the last WINDOW, but sessions by state, which counts every session; the
+host-wide count of reaped orphan sandboxes goes only to the metrics token. One text is served
+for AIRLOCK_METRICS_CACHE_S seconds."""
 
 import hmac
 import threading
@@ -16,7 +17,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from rest_framework.authentication import get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
@@ -24,15 +25,16 @@ from rest_framework.exceptions import AuthenticationFailed
 from controlplane.api.auth import ApiKeyAuthentication
 from controlplane.models import ApiKeyScope, Tenant
 from sessions.metrics import sessions_by_state, tenant_metrics
+from sessions.models import Runner
 
 WINDOW = timedelta(hours=24)
-_cache: dict[tuple[int, ...], tuple[float, bytes]] = {}
+_cache: dict[tuple[bool, tuple[int, ...]], tuple[float, bytes]] = {}
 _cache_lock = threading.Lock()
 
 
 class TenantCollector:
-    def __init__(self, tenants: list[Tenant]):
-        self.tenants = tenants
+    def __init__(self, tenants: list[Tenant], *, everything: bool):
+        self.tenants, self.everything = tenants, everything
 
     def collect(self):
         now = timezone.now()
@@ -75,51 +77,57 @@ class TenantCollector:
             for state, count in sorted(states.get(tenant.pk, {}).items()):
                 gauges["state"].add_metric([slug, state], count)
         yield from gauges.values()
+        if self.everything:
+            reaped = CounterMetricFamily("airlock_sandboxes_reaped", "Orphan sandboxes (no active session) "
+                                         "destroyed by the runners")
+            reaped.add_metric([], sum(Runner.objects.values_list("reaped", flat=True)))
+            yield reaped
 
 
-def _tenants_for(request) -> tuple[list[Tenant] | None, int, str]:
-    """The tenants this request may read, or None with the status and reason of the refusal."""
+def _tenants_for(request) -> tuple[list[Tenant] | None, bool, int, str]:
+    """The tenants this request may read and whether it may read the host's figures too (the
+    metrics token), or None with the status and reason of the refusal."""
     header = get_authorization_header(request).split()
     token = settings.AIRLOCK_METRICS_TOKEN
     if len(header) == 2 and header[0].lower() == b"bearer":
         if token and hmac.compare_digest(header[1], token.encode()):
-            return list(Tenant.objects.order_by("slug")), 200, ""
+            return list(Tenant.objects.order_by("slug")), True, 200, ""
         try:
             found = ApiKeyAuthentication().authenticate(request)
         except AuthenticationFailed as exc:
-            return None, 401, str(exc.detail)
+            return None, False, 401, str(exc.detail)
         if found is not None:
             principal, _ = found
             if ApiKeyScope.METRICS not in principal.scopes:
-                return None, 403, "this API key lacks the scope metrics:read"
-            return [principal.tenant], 200, ""
-    return None, 401, "send Authorization: Bearer <AIRLOCK_METRICS_TOKEN>, or an API key with scope metrics:read"
+                return None, False, 403, "this API key lacks the scope metrics:read"
+            return [principal.tenant], False, 200, ""
+    return None, False, 401, "send Authorization: Bearer <AIRLOCK_METRICS_TOKEN>, or an API key with scope metrics:read"
 
 
 @require_GET
 def metrics(request):
-    tenants, status, reason = _tenants_for(request)
+    tenants, everything, status, reason = _tenants_for(request)
     if tenants is None:
         response = HttpResponse(f"{reason}\n", status=status, content_type="text/plain; charset=utf-8")
         if status == 401:
             response["WWW-Authenticate"] = 'Bearer realm="airlock-metrics"'
         return response
-    return HttpResponse(_exposition(tenants), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(_exposition(tenants, everything=everything), content_type=CONTENT_TYPE_LATEST)
 
 
-def _exposition(tenants: list[Tenant]) -> bytes:
+def _exposition(tenants: list[Tenant], *, everything: bool) -> bytes:
     """The text for these tenants, computed at most once per AIRLOCK_METRICS_CACHE_S: scrapers (several
     Prometheus replicas, a 15 s interval) do not each recompute every tenant's figures."""
-    tenant_ids, now = tuple(tenant.pk for tenant in tenants), time.monotonic()
+    key, now = (everything, tuple(tenant.pk for tenant in tenants)), time.monotonic()
     with _cache_lock:
-        cached = _cache.get(tenant_ids)
+        cached = _cache.get(key)
         if cached is not None and cached[0] > now:
             return cached[1]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TenantCollector(tenants))
+    registry.register(TenantCollector(tenants, everything=everything))
     text = generate_latest(registry)
     with _cache_lock:
         if len(_cache) >= 256:
             _cache.clear()
-        _cache[tenant_ids] = (now + settings.AIRLOCK_METRICS_CACHE_S, text)
+        _cache[key] = (now + settings.AIRLOCK_METRICS_CACHE_S, text)
     return text

@@ -139,8 +139,17 @@ class Checkout:
     skipped: list[str]
 
 
-def allowed_repositories() -> dict[str, str]:
-    return dict(settings.AIRLOCK_WORKSPACE_REPOS)
+def allowed_repositories(tenant: str) -> dict[str, str]:
+    """Name → path of the repositories a tenant's sessions may start from: those shared with
+    every tenant, and its own (which win over a shared one of the same name)."""
+    shared, own = {}, {}
+    for entry, path in settings.AIRLOCK_WORKSPACE_REPOS:
+        scope, _, name = entry.rpartition(":")
+        if scope == "":
+            shared[name] = path
+        elif scope == tenant:
+            own[name] = path
+    return {**shared, **own}
 
 
 def excluded(path: str) -> bool:
@@ -179,7 +188,7 @@ def repository_archive(path: str, *, ref: str = "HEAD") -> Checkout:
 
 
 def checkout(driver: Driver, sandbox: Sandbox, repository: str) -> Checkout:
-    repositories = allowed_repositories()
+    repositories = allowed_repositories(sandbox.spec.tenant)
     if repository not in repositories:
         raise WorkspaceError("repository_not_allowed", f"{repository!r} is not an allowlisted repository")
     result = repository_archive(repositories[repository])

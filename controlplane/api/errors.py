@@ -21,6 +21,9 @@ def exception_handler(exc, context):
     if isinstance(exc, exceptions.ValidationError):
         fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         response.data = {"error": "invalid_request", "detail": "the request is not valid", "fields": fields}
+    elif isinstance(exc, exceptions.ParseError):  # a body that is not JSON is an invalid request too
+        response.data = {"error": "invalid_request", "detail": "the request body is not valid JSON",
+                         "fields": {"non_field_errors": [str(exc.detail)]}}
     elif isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
         code = codes if isinstance(codes, str) else exc.default_code

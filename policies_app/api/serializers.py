@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from controlplane.api.fields import Slug, Text
 from policies_app.models import Policy, PolicyVersion
 
 
@@ -48,16 +49,16 @@ class PolicySerializer(serializers.ModelSerializer):
 
 
 class PolicyCreateSerializer(serializers.Serializer):
-    name = serializers.SlugField(max_length=63)
+    name = Slug(max_length=63)
 
 
 class VersionCreateSerializer(serializers.Serializer):
-    source = serializers.CharField(trim_whitespace=False, max_length=200_000)
-    note = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    source = Text(trim_whitespace=False, max_length=200_000)
+    note = Text(required=False, allow_blank=True, default="", max_length=2000)
 
 
 class NoteSerializer(serializers.Serializer):
-    note = serializers.CharField(max_length=2000)
+    note = Text(max_length=2000)
 
 
 class RollbackSerializer(NoteSerializer):
@@ -117,15 +118,15 @@ class ExceptionCreateSerializer(serializers.Serializer):
     (+ `args`, `cwd`); and either `expires_at` or `ttl_s`."""
 
     decision = serializers.UUIDField(required=False)
-    policy = serializers.SlugField(required=False, max_length=63)
-    bin = serializers.CharField(required=False, max_length=64)
-    args = serializers.ListField(child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+    policy = Slug(required=False, max_length=63)
+    bin = Text(required=False, max_length=64)
+    args = serializers.ListField(child=Text(allow_blank=True, trim_whitespace=False),
                                  required=False, default=list, max_length=1000)
-    cwd = serializers.CharField(required=False, default="/workspace", max_length=1000)
+    cwd = Text(required=False, default="/workspace", max_length=1000)
     expires_at = serializers.DateTimeField(required=False)
     ttl_s = serializers.IntegerField(required=False, min_value=60, max_value=90 * 86400)
-    reason = serializers.CharField(max_length=2000)
-    ticket = serializers.CharField(required=False, allow_blank=True, default="", max_length=100)
+    reason = Text(max_length=2000)
+    ticket = Text(required=False, allow_blank=True, default="", max_length=100)
 
     def validate(self, data):
         if ("expires_at" in data) == ("ttl_s" in data):

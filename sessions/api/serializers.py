@@ -1,28 +1,38 @@
 from rest_framework import serializers
 
+from controlplane.api.fields import Slug, Text
 from policies_app.decisions import record_payload
 from sessions.models import CommandRun, Session
 
 
 class WorkspaceSerializer(serializers.Serializer):
-    repo = serializers.CharField(max_length=100, help_text="an allowlisted local git repository's name")
+    repo = Text(max_length=100, help_text="an allowlisted local git repository's name")
 
 
 class SessionCreateSerializer(serializers.Serializer):
-    conversation_id = serializers.CharField(max_length=200, help_text="the agent's conversation this session serves")
-    policy = serializers.SlugField(max_length=63, default="default", help_text="the policy whose published "
+    conversation_id = Text(max_length=200, help_text="the agent's conversation this session serves")
+    policy = Slug(max_length=63, default="default", help_text="the policy whose published "
                                    "version the session pins")
     workspace = WorkspaceSerializer(required=False, help_text="start from a filtered checkout; else empty")
 
 
+ARGS_CHARS = 256 * 1024  # all arguments together; one command's argv is stored with its decision
+
+
 class CommandCreateSerializer(serializers.Serializer):
-    bin = serializers.CharField(max_length=255, trim_whitespace=False, help_text="a bare program name, e.g. pytest")
-    args = serializers.ListField(child=serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=65536),
+    bin = Text(max_length=255, trim_whitespace=False, help_text="a bare program name, e.g. pytest")
+    args = serializers.ListField(child=Text(allow_blank=True, trim_whitespace=False, max_length=65536),
                                  max_length=1000, default=list)
-    cwd = serializers.CharField(max_length=4096, default="/workspace", trim_whitespace=False)
+    cwd = Text(max_length=4096, default="/workspace", trim_whitespace=False)
     timeout_s = serializers.IntegerField(min_value=1, required=False, help_text="at most the policy's "
                                          "limits.command_timeout_s")
     wait = serializers.BooleanField(default=False, help_text="answer with the result when the command ends")
+
+    def validate_args(self, args: list[str]) -> list[str]:
+        if sum(len(arg) for arg in args) > ARGS_CHARS:
+            raise serializers.ValidationError(f"at most {ARGS_CHARS} characters in all; send large content as a "
+                                              "workspace file")
+        return args
 
     def request_for_policy(self) -> dict:
         data = self.validated_data

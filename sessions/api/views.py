@@ -65,8 +65,13 @@ class RawBodyParser(BaseParser):
         limit = settings.AIRLOCK_MAX_FILE_BYTES
         data = stream.read(limit + 1) if stream is not None else b""
         if len(data) > limit:
-            raise exceptions.ValidationError({"body": [f"a file may hold at most {limit} bytes"]})
+            raise FileTooLarge(f"a file may hold at most {limit} bytes (AIRLOCK_MAX_FILE_BYTES)")
         return data
+
+
+class FileTooLarge(exceptions.APIException):
+    status_code = 413
+    default_code = "file_too_large"
 
 
 @waits_for_runner

@@ -481,4 +481,6 @@ class Runner:
             orphans = await self.db(records.orphans, present=present) - set(self.live)
             if orphans:
                 reaped += await self.blocking(reap_orphans, driver, lambda _present, orphans=orphans: orphans)
+        if reaped:
+            await self.db(records.runner_reaped, runner_id=self.id, count=len(reaped))
         return reaped

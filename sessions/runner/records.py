@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import F
 from django.utils import timezone
 
 from policies_app.document import PolicyDocument
@@ -30,6 +31,10 @@ def runner_register(*, runner_id: str, embedded: bool, drivers: list[str]) -> No
 def runner_heartbeat(*, runner_id: str) -> bool:
     """False when this runner was declared dead meanwhile."""
     return bool(Runner.objects.filter(pk=runner_id, stopped_at__isnull=True).update(heartbeat_at=timezone.now()))
+
+
+def runner_reaped(*, runner_id: str, count: int) -> None:
+    Runner.objects.filter(pk=runner_id).update(reaped=F("reaped") + count)
 
 
 def runner_stopped(*, runner_id: str, reason: str) -> None:

@@ -150,6 +150,10 @@ class Driver(ABC):
     def list_orphans(self, active_ids: set[str]) -> list[str]:
         return sorted(set(self.list_sandboxes()) - set(active_ids))
 
+    def weaker_here(self) -> list[str]:
+        """What this host lets the driver enforce less strictly than the README promises."""
+        return []
+
 
 class OutputTail:
     """Keeps the last `limit` characters of a stream of bytes, in bounded memory.

@@ -3,8 +3,8 @@
 Each command is one `bwrap` process tree: new user, PID, IPC, UTS, cgroup and network
 namespaces (loopback only), uid/gid 65534, no capabilities, no_new_privs, a new session, and
 death with its parent. The root filesystem is the read-only debootstrap tree; /workspace is a
-size-limited tmpfs that lives as long as the sandbox; /tmp and /dev/shm are small tmpfs
-private to the command; /dev is read-only. When the runner is root, bwrap itself runs as the
+size-limited tmpfs that lives as long as the sandbox; /tmp is a small tmpfs private to the
+command; /dev (with /dev/shm: no POSIX shared memory) is read-only. When the runner is root, bwrap itself runs as the
 host's uid 65534, so even a mount mistake would expose nothing that `nobody` cannot read.
 
 Start-up order matters: bwrap is started with --block-fd, so its namespace init (pid 1
@@ -12,6 +12,7 @@ inside) waits until the runner has placed both bwrap processes in the sandbox's 
 their rlimits); only then does the command start, and everything it forks inherits the limits."""
 
 import contextlib
+import hashlib
 import json
 import os
 import resource
@@ -58,12 +59,17 @@ class _Running:
     reason: str | None = None  # set by whoever kills it: timeout, killed, output_limit
 
 
+def cgroup_group(sandbox_dir: Path) -> str:
+    """The cgroup group of one sandbox directory: deployments sharing a host stay apart."""
+    return "airlock-" + hashlib.sha256(str(sandbox_dir.resolve()).encode()).hexdigest()[:12]
+
+
 class BubblewrapDriver(Driver):
     name = "bubblewrap"
 
     def __init__(self, *, sandbox_dir: Path | None = None, cgroups: CgroupManager | None = None):
         self.sandbox_dir = Path(sandbox_dir or settings.AIRLOCK_SANDBOX_DIR) / "bubblewrap"
-        self.cgroups = cgroups or CgroupManager()
+        self.cgroups = cgroups or CgroupManager(group=cgroup_group(self.sandbox_dir))
         self.as_root = os.geteuid() == 0
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
@@ -77,16 +83,32 @@ class BubblewrapDriver(Driver):
         if bwrap is None:
             raise RuntimeUnavailable("bubblewrap is not installed; install it with: apt-get install -y bubblewrap")
         tree = rootfs.require().path
-        probe = subprocess.run(
-            self._as_nobody([bwrap, "--unshare-all", "--unshare-user", "--ro-bind", str(tree), "/", "--", "/bin/true"]),
+        probe = subprocess.run(  # every option a command's bwrap uses, bar the two descriptors
+            self._as_nobody([bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+                             "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
+                             "--ro-bind", str(tree), "/", "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+                             "--size", str(2**20), "--tmpfs", "/tmp", "--chdir", "/", "--clearenv",  # noqa: S108
+                             "--", "/bin/true"]),
             capture_output=True, text=True, timeout=10, env={}, **self._identity(),
         )
+        if "nknown option" in probe.stderr:
+            raise RuntimeUnavailable(f"this bubblewrap is too old ({probe.stderr.strip()}); Airlock needs "
+                                     "bubblewrap 0.5 or newer: apt-get install -y bubblewrap")
         if probe.returncode != 0:
             raise RuntimeUnavailable(
                 f"bubblewrap cannot create its namespaces here ({probe.stderr.strip()}); enable unprivileged "
                 "user namespaces: sysctl -w user.max_user_namespaces=15000 kernel.unprivileged_userns_clone=1"
             )
         self._bwrap = bwrap
+
+    def weaker_here(self) -> list[str]:
+        weaker = []
+        if not self.as_root:
+            weaker.append("no /workspace size quota (mounting its tmpfs needs root)")
+        if not self.cgroups.available:
+            weaker.append("rlimits instead of cgroups: memory over the limit ends a command `exited` with "
+                          "MemoryError, not `oom`, and CPU time is not capped")
+        return weaker
 
     def _as_nobody(self, argv: list[str]) -> list[str]:
         """Run bwrap as the host's nobody when we can (we are root), else as ourselves.
@@ -210,7 +232,7 @@ class BubblewrapDriver(Driver):
             "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
             "--ro-bind", sandbox.handle["rootfs"], "/",
             "--proc", "/proc", "--dev", "/dev",
-            "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",  # noqa: S108
+            "--remount-ro", "/dev",
             "--bind", sandbox.handle["workspace"], WORKSPACE,
             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",  # noqa: S108 - the sandbox's own
             "--chdir", cwd,
@@ -235,7 +257,10 @@ class BubblewrapDriver(Driver):
             running = _Running(process=process)
             self._running[sandbox.id] = running
         try:
-            running.inner_pid = _read_child_pid(info_read)
+            try:
+                running.inner_pid = _read_child_pid(info_read)
+            except SandboxError as exc:
+                raise SandboxError(f"{exc}: {_startup_error(process)}") from None
             self._confine(sandbox, [process.pid, running.inner_pid])
             os.write(block_write, b"1")  # the command may start now
             if stdin is not None:
@@ -340,7 +365,15 @@ def _read_child_pid(fd: int) -> int:
             return int(json.loads(data)["child-pid"])
         except ValueError:
             continue
-    raise SandboxError(f"bubblewrap did not start: {data.decode(errors='replace')!r}")
+    raise SandboxError(f"bubblewrap did not start ({data.decode(errors='replace')!r})")
+
+
+def _startup_error(process: subprocess.Popen) -> str:
+    """What bwrap said on stderr when it gave up before starting the command."""
+    with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
+        process.wait(timeout=5)
+        return os.read(process.stderr.fileno(), 4096).decode(errors="replace").strip()
+    return "no message"
 
 
 def _stream(process: subprocess.Popen) -> Iterator[Chunk]:

@@ -1,15 +1,22 @@
 """Per-sandbox cgroups for memory, pids and CPU, on cgroup v1 or v2.
 
-Sandbox cgroups live under `<the runner's own cgroup>/airlock/<sandbox id>`, so that they are
-nested inside whatever limits the runner itself has. When the host offers no writable cgroup
-hierarchy, `CgroupManager.available` is false and the drivers fall back to rlimits."""
+Sandbox cgroups live under `<the runner's own cgroup>/<group>/<sandbox id>`, so that they are
+nested inside whatever limits the runner itself has; the group names one sandbox directory, so
+deployments that share a host never see each other's sandboxes. When the host offers no
+writable cgroup hierarchy, `CgroupManager.available` is false (and a warning says why) and the
+drivers fall back to rlimits."""
 
 import contextlib
+import logging
 import os
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from sessions.runtimes.base import SandboxError
+
+log = logging.getLogger(__name__)
 
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 GROUP = "airlock"
@@ -34,7 +41,8 @@ def _write(path: Path, value: str) -> None:
 
 
 class CgroupManager:
-    def __init__(self, root: Path = Path("/sys/fs/cgroup")):
+    def __init__(self, root: Path = Path("/sys/fs/cgroup"), *, group: str = GROUP):
+        self.group = group
         self.version = 2 if (root / "cgroup.controllers").exists() else 1
         self.bases: dict[str, Path] = self._find_bases(root)
         self.available = self._prepare()
@@ -48,12 +56,12 @@ class CgroupManager:
                 for controller in controllers.split(","):
                     own[controller] = path.lstrip("/")
         if self.version == 2:
-            return {"unified": root / own.get("", "") / GROUP}
+            return {"unified": root / own.get("", "") / self.group}
         bases = {}
         for controller in V1_CONTROLLERS:
             mount = root / controller
             if mount.is_dir():
-                bases[controller] = mount / own.get(controller, "") / GROUP
+                bases[controller] = mount / own.get(controller, "") / self.group
         return bases
 
     def _prepare(self) -> bool:
@@ -66,7 +74,9 @@ class CgroupManager:
                 # Controllers must be enabled for the children of airlock/ (and airlock/ itself
                 # has no processes, which the v2 "no internal processes" rule requires).
                 _write(self.bases["unified"] / "cgroup.subtree_control", "+memory +pids +cpu")
-        except OSError:
+        except OSError as exc:
+            log.warning("sandbox cgroups are unavailable (%s); sandboxes get rlimits instead. On cgroup v2 "
+                        "the runner needs a delegated cgroup of its own (systemd: Delegate=yes)", exc)
             return False
         return self.version == 2 or {"memory", "pids"} <= set(self.bases)
 
@@ -162,13 +172,16 @@ class CgroupManager:
     def remove(self, sandbox_id: str) -> None:
         self.kill_all(sandbox_id)
         for path in self.paths(sandbox_id).values():
-            for _ in range(200):  # rmdir fails with EBUSY until the last task is gone
+            deadline = time.monotonic() + 5
+            while True:  # rmdir fails with EBUSY until the last task is gone
                 try:
                     path.rmdir()
                     break
                 except FileNotFoundError:
                     break
-                except OSError:
+                except OSError as exc:
+                    if time.monotonic() > deadline:
+                        raise SandboxError(f"cgroup {path} could not be removed: {exc.strerror}") from None
                     time.sleep(0.005)
 
     def list_ids(self) -> set[str]:

@@ -3,8 +3,9 @@
 One container per session, one `exec` per command. The container has no network, a read-only
 root (the imported debootstrap tree), uid 65534, no capabilities, no-new-privileges, pids /
 memory / CPU limits, an init (docker-init) and size-limited tmpfs mounts for /workspace and
-/tmp. Its main process is `sleep infinity`, the keep-alive; after each command every other
-process of the container is killed, so nothing a command started outlives it.
+/tmp, the only writable places: no /dev/shm (IPC mode `none`) and a read-only /dev/mqueue.
+Its main process is `sleep infinity`, the keep-alive; after each command every other process
+of the container is killed, so nothing a command started outlives it.
 
 Killing: under runc the container's processes are visible to the runner (root on the same
 host), so they are killed from the host through the container's cgroup. Under gVisor they
@@ -141,11 +142,12 @@ class DockerDriver(Driver):
                 rootfs.IMAGE, ["sleep", "infinity"], detach=True, init=True,
                 name=f"airlock-{spec.session_id}", hostname="sandbox", network_mode="none",
                 read_only=True, user=KEEPER, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                shm_size=limits.tmp_mb * 2**20,
+                ipc_mode="none",
                 **pids_options, mem_limit=limits.memory_mb * 2**20, memswap_limit=limits.memory_mb * 2**20,
                 nano_cpus=int(limits.cpus * 1e9), working_dir=WORKSPACE, environment={},
                 tmpfs={WORKSPACE: f"size={limits.disk_mb}m,mode=0700,{tmpfs_options}",
-                       "/tmp": f"size={limits.tmp_mb}m,mode=0700,{tmpfs_options}"},  # noqa: S108
+                       "/tmp": f"size={limits.tmp_mb}m,mode=0700,{tmpfs_options}",  # noqa: S108
+                       "/dev/mqueue": "ro,size=4k,mode=0555"},
                 labels={LABEL_SESSION: spec.session_id, LABEL_DRIVER: self.name, "airlock.tenant": spec.tenant,
                         rootfs.DIGEST_LABEL: self.image_digest},
                 runtime=self.gvisor_runtime if self.isolation == "gvisor" else None,
@@ -155,6 +157,8 @@ class DockerDriver(Driver):
             if exc.status_code == 409:
                 raise SandboxError(f"sandbox {spec.session_id} already exists") from None
             raise SandboxError(f"docker could not create the sandbox: {exc.explanation}") from None
+        except (DockerException, RequestException) as exc:  # the daemon went away after check()
+            raise RuntimeUnavailable(_daemon_fix(exc)) from None
         sandbox = Sandbox(id=spec.session_id, driver=self.name, spec=spec, rootfs_digest=self.image_digest,
                           handle={"container": container.id}, cache_hit=not self._image_imported)
         self._image_imported = False  # the next sandbox finds the image in the cache
@@ -231,6 +235,8 @@ class DockerDriver(Driver):
                 self._running.pop(sandbox.id, None)
             if isinstance(exc, APIError) and not self._container_running(sandbox):
                 raise SandboxError("the sandbox is not running (under gVisor an out-of-memory kill ends it)") from None
+            if isinstance(exc, (DockerException, RequestException)) and not isinstance(exc, APIError):
+                raise RuntimeUnavailable(_daemon_fix(exc)) from None
             raise
         raw = getattr(sock, "_sock", sock)
         if stdin is not None:
@@ -434,6 +440,9 @@ def _cgroup_dir(pid: int, controller: str) -> Path:
 
 
 def _daemon_fix(exc: Exception) -> str:
+    if "Permission denied" in str(exc) or "PermissionError" in repr(exc):
+        return ("the Docker daemon's socket refused this user (permission denied); run Airlock as root, or add "
+                "its user to the docker group: usermod -aG docker $USER")
     return (f"the Docker daemon is not reachable ({type(exc).__name__}); install and start it: "
             "apt-get install -y docker.io && dockerd &")
 

@@ -5,6 +5,7 @@ new tree and an unchanged one is reused. Its digest is the SHA-256 of a determin
 the tree: the same bytes `docker import` receives, so the digest bubblewrap reports equals the
 Docker image's layer id (`docker image inspect -f '{{.RootFS.Layers}}'`)."""
 
+import collections
 import fcntl
 import hashlib
 import json
@@ -72,6 +73,10 @@ def require() -> RootFS:
 
 def build(*, progress: Callable[[str], None] = print, force: bool = False) -> RootFS:
     """Build (or reuse) the tree for the current recipe. Concurrent callers wait for one build."""
+    existing = current()
+    if existing is not None and not force:  # reusing a tree needs neither debootstrap nor root
+        progress(f"root filesystem {existing.digest[:19]}… already built at {existing.path}")
+        return existing
     if shutil.which("debootstrap") is None:
         raise RuntimeUnavailable("debootstrap is not installed; install it with: apt-get install -y debootstrap")
     if os.geteuid() != 0:
@@ -98,12 +103,19 @@ def _build_locked(base: Path, progress: Callable[[str], None]) -> RootFS:
         "debootstrap", f"--variant={RECIPE['variant']}", f"--include={','.join(RECIPE['packages'])}",
         RECIPE["suite"], str(tree), RECIPE["mirror"],
     ]
+    problems = collections.deque(maxlen=5)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
         for line in process.stdout:
             if line.startswith(("I: Retrieving", "I: Configuring", "I: Extracting", "I: Base system")):
                 progress("  " + line.strip()[3:])
+            elif line.startswith(("E:", "W:")):  # debootstrap's errors and warnings, as it words them
+                progress("  " + line.strip())
+                problems.append(line.strip())
     if process.returncode != 0:
-        raise RuntimeUnavailable(f"debootstrap failed with exit code {process.returncode}; see the lines above")
+        said = problems[-1] if problems else "no error line"
+        raise RuntimeUnavailable(f"debootstrap failed with exit code {process.returncode} ({said}); its full log "
+                                 f"is {tree / 'debootstrap' / 'debootstrap.log'}; check the mirror {RECIPE['mirror']} "
+                                 "is reachable, then run build_rootfs again")
     _finish_tree(tree)
     progress("computing the digest of the tree")
     digest, size = _digest(tree)

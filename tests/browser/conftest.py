@@ -100,7 +100,8 @@ def demo_server(tmp_path_factory):
         seeded = server.manage("shell", "-c", seed, OPS_POLICY=OPS_POLICY)
         assert seeded.returncode == 0, seeded.stderr
     process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+        [sys.executable, "-m", "controlplane.serve", "-b", "127.0.0.1", "-p", str(port),
+         "controlplane.asgi:application"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

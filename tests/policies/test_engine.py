@@ -82,6 +82,22 @@ def test_paths_inside_the_workspace_are_allowed(arg):
     assert decide({"bin": "pytest", "args": [arg]}).allowed, arg
 
 
+def test_a_url_hides_no_path_behind_a_long_scheme():
+    assert decide({"bin": "pytest", "args": ["a" * 40 + "http://x/../../etc"]}).reason_code == \
+        "path_outside_workspace"
+    assert decide({"bin": "pytest", "args": ["git+https://example.com/x.git"]}).allowed
+
+
+def test_deciding_takes_time_in_proportion_to_the_arguments():
+    """A complexity check, not a speed target: five 64 KiB arguments took 30 s when the URL
+    pattern was quadratic (and held the session's row lock meanwhile); linear, milliseconds."""
+    import time
+
+    started = time.perf_counter()
+    decide({"bin": "pytest", "args": ["a" * 65536] * 5})
+    assert time.perf_counter() - started < 5
+
+
 def test_a_cwd_outside_the_workspace_is_refused_and_relative_paths_resolve_from_the_cwd():
     assert decide({"bin": "pytest", "cwd": "/tmp"}).reason_code == "path_outside_workspace"
     assert decide({"bin": "pytest", "cwd": "/workspace/a", "args": ["../b"]}).allowed

@@ -1,7 +1,11 @@
 """A driver that cannot work on this host says so in one line that names the fix."""
 
 import contextlib
+import os
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -9,6 +13,7 @@ from django.core.management import CommandError, call_command
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import RuntimeUnavailable, SandboxError, SandboxSpec
 from sessions.runtimes.bubblewrap import BubblewrapDriver
+from sessions.runtimes.cgroups import CgroupManager
 from sessions.runtimes.docker_driver import DockerDriver
 from sessions.runtimes.reaper import reap_orphans
 
@@ -30,6 +35,8 @@ def test_an_unregistered_gvisor_runtime_names_the_fix():
     try:
         get_driver("docker").check()
     except RuntimeUnavailable as exc:
+        if os.environ.get("AIRLOCK_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"Docker is required here but unavailable: {exc}")
         pytest.skip(f"no Docker engine to ask: {exc}")
     with pytest.raises(RuntimeUnavailable, match=r"runsc-not-registered.*daemon.json"):
         driver.check()
@@ -66,3 +73,60 @@ def test_reap_orphans_destroys_only_what_no_active_session_owns(driver, make_san
     assert reaped == [orphan.id]
     assert set(driver.list_sandboxes()) >= {active.id}
     assert orphan.id not in driver.list_sandboxes()
+
+
+def test_a_bubblewrap_without_the_options_airlock_uses_is_named_too_old(monkeypatch, tmp_path, built_rootfs):
+    if isinstance(built_rootfs, RuntimeUnavailable) or shutil.which("bwrap") is None:
+        pytest.skip("no root filesystem or bubblewrap to wrap")
+    wrappers = Path(tempfile.mkdtemp())  # bwrap runs as nobody: it must be able to read the wrapper
+    wrappers.chmod(0o755)
+    old = wrappers / "bwrap"  # a real bwrap that, like bubblewrap 0.4, does not know --size
+    old.write_text(f"#!/usr/bin/python3\nimport os, sys\nif '--size' in sys.argv:\n"
+                   f"    sys.exit('bwrap: Unknown option --size')\nos.execv({shutil.which('bwrap')!r}, sys.argv)\n")
+    old.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrappers}:{os.environ['PATH']}")
+    try:
+        with pytest.raises(RuntimeUnavailable, match=r"too old.*Unknown option --size.*0\.5 or newer"):
+            BubblewrapDriver(sandbox_dir=tmp_path).check()
+    finally:
+        shutil.rmtree(wrappers)
+
+
+def test_a_docker_daemon_lost_after_its_check_names_the_fix(tmp_path):
+    driver = get_driver("docker")
+    try:
+        driver.check()
+    except RuntimeUnavailable as exc:
+        if os.environ.get("AIRLOCK_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"Docker is required here but unavailable: {exc}")
+        pytest.skip(f"no Docker engine: {exc}")
+    gone = DockerDriver(base_url=f"unix://{tmp_path}/docker.sock")
+    gone._checked, gone.image_digest, gone._image_imported = True, driver.image_digest, False  # checked, then lost
+    with pytest.raises(RuntimeUnavailable, match=r"Docker daemon is not reachable.*dockerd"):
+        gone.create(SandboxSpec(tenant="acme", session_id=str(uuid.uuid4())))
+
+
+def test_deployments_with_their_own_sandbox_directories_never_see_each_others_sandboxes(tmp_path, built_rootfs):
+    if isinstance(built_rootfs, RuntimeUnavailable):
+        pytest.skip(str(built_rootfs))
+    ours, theirs = BubblewrapDriver(sandbox_dir=tmp_path / "ours"), BubblewrapDriver(sandbox_dir=tmp_path / "theirs")
+    try:
+        theirs.check()
+    except RuntimeUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"bubblewrap is required here but unavailable: {exc}")
+        pytest.skip(str(exc))
+    sandbox = theirs.create(SandboxSpec(tenant="acme", session_id=str(uuid.uuid4())))
+    try:
+        assert sandbox.id in theirs.list_sandboxes()
+        assert sandbox.id not in ours.list_sandboxes() and ours.list_orphans(set()) == []
+    finally:
+        theirs.destroy(sandbox)
+
+
+def test_a_host_without_root_or_cgroups_is_told_what_the_sandbox_lacks(tmp_path):
+    driver = BubblewrapDriver(sandbox_dir=tmp_path, cgroups=CgroupManager(root=tmp_path))  # no hierarchy there
+    driver.as_root = False  # as an ordinary user's runner is
+    assert [line.split(" (")[0].split(":")[0] for line in driver.weaker_here()] == [
+        "no /workspace size quota", "rlimits instead of cgroups"]
+    assert get_driver("docker").weaker_here() == []

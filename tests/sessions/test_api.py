@@ -106,16 +106,29 @@ def test_malformed_requests_get_400_with_field_errors(agent):
     body = response.json()
     assert body["error"] == "invalid_request"
     assert set(body["fields"]) == {"bin", "args", "timeout_s"}
-    assert client.post(url, "{", content_type="application/json").json()["error"] == "parse_error"
-    bad = agent.client.post("/api/v1/sessions", {"conversation_id": "", "workspace": {"repo": 3}},
+    unparsed = client.post(url, "{", content_type="application/json")
+    assert unparsed.status_code == 400 and unparsed.json()["error"] == "invalid_request"
+    assert "JSON parse error" in unparsed.json()["fields"]["non_field_errors"][0]
+    numbers = client.post(url, {"bin": 5, "args": [1, "x"], "cwd": 7}, content_type="application/json").json()
+    assert set(numbers["fields"]) == {"bin", "args", "cwd"}  # a number is not a program name, an argument, a path
+    huge = client.post(url, {"bin": "printf", "args": ["x" * 60_000] * 5}, content_type="application/json")
+    assert huge.status_code == 400 and "workspace file" in huge.json()["fields"]["args"][0]
+    bad = agent.client.post("/api/v1/sessions", {"conversation_id": 7, "workspace": {"repo": 3}},
                             content_type="application/json")
-    assert bad.status_code == 400 and "conversation_id" in bad.json()["fields"]
+    assert bad.status_code == 400 and set(bad.json()["fields"]) == {"conversation_id", "workspace"}
 
 
 def test_a_command_that_outlives_its_timeout_ends_as_timeout(agent):
     session = agent.open()
     body = agent.run(session, "sleep", "30", timeout_s=1).json()
     assert body["state"] == "timeout" and body["reason"] == "timeout" and body["exit_code"] is None
+
+
+def test_a_secret_in_a_cwd_is_never_stored(agent, settings):
+    settings.AIRLOCK_REDACT_VALUES = ["supersecretvalue123"]
+    session = agent.open()
+    body = agent.run(session, "printf", "x", cwd="/workspace/supersecretvalue123").json()
+    assert CommandRun.objects.get(pk=body["id"]).cwd == "/workspace/[redacted]"
 
 
 def test_output_is_redacted_and_only_its_tail_is_kept(agent):

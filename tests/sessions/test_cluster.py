@@ -3,6 +3,8 @@ and two `manage.py runner` processes, sharing a database, each owning its sandbo
 
 Needs Redis (127.0.0.1:6379, always there on these machines; required in CI)."""
 
+import http.client
+import json
 import os
 import re
 import shutil
@@ -18,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from websockets.sync.client import connect
 
+from sessions.broker import RELEASE_TIMEOUT_S
 from sessions.runtimes.bubblewrap import BubblewrapDriver
 from tests.browser.conftest import _free_port, _wait_until_listening
 from tests.http import call_api
@@ -52,6 +56,7 @@ class Cluster:
     key: str
     data: Path
     env: dict
+    server: subprocess.Popen
     runners: dict = field(default_factory=dict)  # pid -> Popen
 
     def call(self, method: str, path: str, body=None, token: str | None = None, raw: bytes | None = None):
@@ -112,7 +117,7 @@ def cluster(sandboxes):
     key = re.search(r"alk_\S+", _manage(env, "demo_setup")).group(0)
     port = _free_port()
     processes = [_start(env, data / f"runner-{n}.log", sys.executable, "manage.py", "runner") for n in range(2)]
-    server = _start(env, data / "server.log", str(Path(sys.executable).with_name("daphne")), "-b", "127.0.0.1",
+    server = _start(env, data / "server.log", sys.executable, "-m", "controlplane.serve", "-b", "127.0.0.1",
                     "-p", str(port), "controlplane.asgi:application")
     processes.append(server)
     try:
@@ -120,7 +125,7 @@ def cluster(sandboxes):
         with sqlite3.connect(data / "airlock.sqlite3") as db:
             wait_until(lambda: db.execute("SELECT count(*) FROM agent_sessions_runner WHERE stopped_at IS NULL")
                        .fetchone()[0] == 2, what="two runners")
-        yield Cluster(url=f"http://127.0.0.1:{port}", key=key, data=data, env=env,
+        yield Cluster(url=f"http://127.0.0.1:{port}", key=key, data=data, env=env, server=server,
                       runners={p.pid: p for p in processes[:2]})
     finally:
         for process in processes:
@@ -140,8 +145,11 @@ def test_a_kill_sent_by_the_server_reaches_the_runner_process_that_owns_the_sess
     session, command = cluster.start_sleeper()
     _, owner_pid = cluster.owner(session)
     assert owner_pid in cluster.runners  # not the server: it has no runner of its own
+    asked = time.monotonic()
     status, body = cluster.call("POST", f"/api/v1/sessions/{session['id']}/kill")
     assert status == 200 and body["state"] == "killed"
+    # The owner answered: a kill that never reached it would wait out the release timeout.
+    assert time.monotonic() - asked < RELEASE_TIMEOUT_S / 2
     wait_until(lambda: cluster.command(session, command)["state"] == "killed", what="the command to die")
     assert not cluster.sandbox_left(session)
     assert cluster.runners[owner_pid].poll() is None  # the runner lives on
@@ -163,3 +171,64 @@ def test_a_runner_killed_mid_command_leaves_its_session_failed_and_no_sandbox(cl
     # The surviving runner takes the next session.
     status, fresh = cluster.call("POST", "/api/v1/sessions", {"conversation_id": "after"})
     assert status == 201 and cluster.owner(fresh)[1] in cluster.runners
+
+
+SPEW = b"import sys\nline = 'x' * 999 + '\\n'\nfor _ in range(30_000):\n    sys.stdout.write(line)\n"
+
+
+def _rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
+
+
+def test_a_subscriber_that_stops_reading_is_told_it_lagged_and_the_server_does_not_grow(cluster):
+    status, session = cluster.call("POST", "/api/v1/sessions", {"conversation_id": "slow-reader"})
+    assert status == 201, session
+    path = f"/api/v1/sessions/{session['id']}"
+    assert cluster.call("PUT", f"{path}/files/spew.py", raw=SPEW, token=session["token"])[0] == 204
+    url = cluster.url.replace("http", "ws") + f"/ws/sessions/{session['id']}/"
+    # max_queue: the client stops taking frames off the socket once two wait unread.
+    with connect(url, subprotocols=["airlock.v1", f"airlock.token.{session['token']}"], max_queue=2,
+                 max_size=None) as ws:
+        time.sleep(1)
+        before = _rss_mb(cluster.server.pid)
+        for _ in range(3):  # 90 MB of output while the subscriber reads nothing
+            status, run = cluster.call("POST", f"{path}/commands", {"bin": "python3", "args": ["spew.py"],
+                                                                     "wait": True}, token=session["token"])
+            assert status == 200 and run["exit_code"] == 0 and run["output_bytes"] == 30_000_000
+        grown = _rss_mb(cluster.server.pid) - before
+        events = []
+        while sum(event["event"] == "command.exited" for event in events) < 3:
+            events.append(json.loads(ws.recv(timeout=20)))
+    assert grown < 48, f"the server grew by {grown:.0f} MB for a subscriber that read nothing"
+    lagged = [event["missed"] for event in events if event["event"] == "lagged"]
+    assert lagged and sum(lagged) > 100  # output was dropped for it, and it was told
+    received = sum(len(event["data"]) for event in events if event["event"] == "command.output")
+    # What it got: the kernel's socket buffers, the outbox and the layer's queue, not the 90 MB.
+    assert received < 45_000_000
+
+
+def test_a_request_body_past_the_limit_gets_413_before_it_is_read(cluster):
+    host, port = cluster.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=20)
+    # Declared too long, and not even signed in: refused from the headers, the body never sent.
+    connection.putrequest("PUT", "/api/v1/sessions/00000000-0000-0000-0000-000000000000/files/big.bin")
+    connection.putheader("Content-Length", str(64 * 2**20))
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413 and json.loads(response.read())["error"] == "request_too_large"
+    connection.close()
+    # A file over AIRLOCK_MAX_FILE_BYTES but within the request bound: the API's own 413.
+    status, session = cluster.call("POST", "/api/v1/sessions", {"conversation_id": "big"})
+    status, body = cluster.call("PUT", f"/api/v1/sessions/{session['id']}/files/big.bin", raw=b"x" * (4 * 2**20 + 1),
+                                token=session["token"])
+    assert status == 413 and body["error"] == "file_too_large"
+
+
+def test_the_access_log_never_holds_a_secret(cluster):
+    secret = cluster.env["SECRET_KEY"]
+    _, session = cluster.call("POST", "/api/v1/sessions", {"conversation_id": "log"})
+    cluster.call("GET", f"/api/v1/sessions/{session['id']}/files/{secret}", token=session["token"])
+    log = cluster.data / "server.log"
+    wait_until(lambda: "/files/[redacted]" in log.read_text(), what="the access-log line")
+    assert secret not in log.read_text()

@@ -8,7 +8,7 @@ from django.utils import timezone
 from controlplane.models import ApiKeyScope
 from policies_app.decisions import decide
 from sessions.metrics import percentile, tenant_metrics
-from sessions.models import CommandRun, Session, hash_token, new_token
+from sessions.models import CommandRun, Runner, Session, hash_token, new_token
 from tests.sessions.conftest import publish
 
 TOKEN = "m" * 32
@@ -94,6 +94,8 @@ def test_the_metrics_page_shows_one_tenants_figures_with_charts(acme, bob, charl
 def test_prometheus_metrics_need_a_token_and_a_key_reads_only_its_tenant(acme, globex, fleet, settings, api,
                                                                          make_key):
     settings.AIRLOCK_METRICS_TOKEN = TOKEN
+    Runner.objects.create(id="r1", hostname="h", pid=1, reaped=2)
+    Runner.objects.create(id="r2", hostname="h", pid=2, reaped=1)
     assert api().get("/metrics").status_code == 401
     assert api("not-the-token").get("/metrics").status_code == 401
     assert api(make_key(acme, scopes=[ApiKeyScope.POLICIES_READ]).key).get("/metrics").status_code == 403
@@ -104,8 +106,9 @@ def test_prometheus_metrics_need_a_token_and_a_key_reads_only_its_tenant(acme, g
     assert 'airlock_denials{reason="bin_not_allowed",tenant="acme"} 3.0' in text
     assert 'airlock_sessions{state="killed",tenant="acme"} 1.0' in text
     assert 'airlock_retry_ratio{tenant="acme"} 0.5' in text and 'tenant="globex"' in text
+    assert "airlock_sandboxes_reaped_total 3.0" in text  # the host's, for the metrics token only
     own = api(make_key(acme, scopes=[ApiKeyScope.METRICS]).key).get("/metrics").content.decode()
-    assert 'tenant="acme"' in own and "globex" not in own
+    assert 'tenant="acme"' in own and "globex" not in own and "reaped" not in own
     assert 'airlock_rootfs_cache_hit_ratio{tenant="acme"} 0.6666' in own
 
 

@@ -71,6 +71,7 @@ def test_a_starting_runner_reaps_the_sandboxes_of_ended_sessions(acme_policy, tr
         with running_runner():
             assert not sandbox_present(str(session.pk))
             assert sandbox_present(stranger.session_id)  # left alone: it is somebody else's
+            assert sum(Runner.objects.values_list("reaped", flat=True)) == 1  # and counted
     finally:
         get_driver("bubblewrap").destroy_by_id(stranger.session_id)
 
@@ -95,7 +96,7 @@ def test_a_workspace_starts_from_a_filtered_checkout(acme, acme_policy, make_key
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "init")
     (repo / "untracked.txt").write_text("not committed")
-    settings.AIRLOCK_WORKSPACE_REPOS = [("app", str(repo))]
+    settings.AIRLOCK_WORKSPACE_REPOS = [("acme:app", str(repo)), ("globex:theirs", str(repo))]
     agent = Agent(api, make_key(acme, scopes=[ApiKeyScope.SESSIONS]).key)
     session = agent.open(workspace={"repo": "app"})
     result = agent.run(session, "pytest", "tests/").json()
@@ -103,6 +104,7 @@ def test_a_workspace_starts_from_a_filtered_checkout(acme, acme_policy, make_key
     for secret in (".env", "deploy/id_rsa", "credentials.json", ".git/config", "untracked.txt"):
         assert agent.get(session, secret).status_code == 404, secret
     assert agent.get(session, "app.py").status_code == 200
-    refused = agent.client.post("/api/v1/sessions", {"conversation_id": "c", "workspace": {"repo": "elsewhere"}},
-                                content_type="application/json")
-    assert refused.status_code == 400
+    for name in ("elsewhere", "theirs"):  # unknown, and another tenant's
+        refused = agent.client.post("/api/v1/sessions", {"conversation_id": "c", "workspace": {"repo": name}},
+                                    content_type="application/json")
+        assert refused.status_code == 400 and "not an allowlisted repository" in refused.json()["detail"]

@@ -100,6 +100,23 @@ async def test_a_first_message_token_is_accepted(async_agent):
     await socket.disconnect()
 
 
+@pytest.mark.parametrize("frame", [{"text_data": "{not json"}, {"bytes_data": b"\x00\xff"}])
+async def test_a_frame_that_is_not_json_closes_an_outsider_with_4403_and_is_ignored_after(async_agent, frame):
+    session = await sync_to_async(async_agent.open)()
+    outsider = communicator(session)
+    assert (await outsider.connect())[0]
+    await outsider.send_to(**frame)
+    assert (await outsider.receive_output(timeout=5))["code"] == 4403
+    member = communicator(session, token=session["token"])
+    assert (await member.connect())[0]
+    assert (await member.receive_json_from(timeout=5))["event"] == "session.state"
+    await member.send_to(**frame)  # a subscriber's frames are ignored, whatever they hold
+    await sync_to_async(async_agent.run)(session, "printf", "still here", wait=False)
+    events = await events_until(member, "command.exited")
+    assert any(event.get("data") == "still here" for event in events)
+    await member.disconnect()
+
+
 async def test_outsiders_are_closed_with_4403(async_agent, globex, make_member, acme, bob):
     session = await sync_to_async(async_agent.open)()
     other = await sync_to_async(async_agent.open)()

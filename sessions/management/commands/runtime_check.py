@@ -22,6 +22,8 @@ class Command(BaseCommand):
                 failed += 1
                 self.stdout.write(f"{name:<16} unavailable: {exc}")
             else:
-                self.stdout.write(f"{name:<16} ok")
+                weaker = get_driver(name).weaker_here()
+                self.stdout.write(f"{name:<16} ok" + (f", but weaker here: {'; '.join(weaker)}; run as root for "
+                                                      "the full sandbox" if weaker else ""))
         if failed:
             raise CommandError(f"{failed} driver(s) unavailable", returncode=2)
