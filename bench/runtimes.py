@@ -25,7 +25,7 @@ import django
 
 django.setup()
 
-from figures import percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
+from figures import host_notes, percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
 
 from sessions.runtimes import DRIVERS, get_driver  # noqa: E402
 from sessions.runtimes.base import ExitStatus, RuntimeUnavailable, SandboxSpec  # noqa: E402
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("drivers", nargs="*", default=list(DRIVERS))
     parser.add_argument("--runs", type=int, help="sandboxes per driver (default: 60 / 25 / 12)")
     options = parser.parse_args()
-    print(f"# sandbox driver latency, {os.cpu_count()} cores, milliseconds")
+    print(f"# sandbox driver latency, {os.cpu_count()} cores, milliseconds\n\n{host_notes()}")
     for name in options.drivers:
         runs = options.runs or DEFAULT_RUNS.get(name, 20)
         try:

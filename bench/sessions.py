@@ -36,7 +36,7 @@ import django  # noqa: E402
 
 django.setup()
 
-from figures import percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
+from figures import host_notes, percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
 from websockets.sync.client import connect  # noqa: E402
 
 from sessions.runtimes import get_driver  # noqa: E402
@@ -224,7 +224,7 @@ def main() -> None:
         api.open(options.policy)  # the first request starts the embedded runner: not measured
         session = api.open(options.policy)
         bench_exec(api, session, 10)  # warm-up
-        print(f"Airlock sessions benchmark against {url} (bubblewrap)")
+        print(f"Airlock sessions benchmark against {url} (bubblewrap); {host_notes()}")
         create = bench_create(api, options.policy, max(20, options.runs // 2))
         print(line("session create (POST /sessions)", create, 50))
         exec_round_trip = bench_exec(api, session, options.runs)

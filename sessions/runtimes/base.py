@@ -154,6 +154,10 @@ class Driver(ABC):
         """What this host lets the driver enforce less strictly than the README promises."""
         return []
 
+    def slower_here(self) -> list[str]:
+        """Host settings that make the driver slower than it could be, with the fix."""
+        return []
+
 
 class OutputTail:
     """Keeps the last `limit` characters of a stream of bytes, in bounded memory.

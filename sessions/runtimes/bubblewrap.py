@@ -110,6 +110,12 @@ class BubblewrapDriver(Driver):
                           "MemoryError, not `oom`, and CPU time is not capped")
         return weaker
 
+    def slower_here(self) -> list[str]:
+        if self.cgroups.attach_waits_for_rcu():
+            return ["a command that follows a pause waits ~11 ms for an RCU grace period before it may join "
+                    "its cgroup; echo 1 > /sys/kernel/rcu_expedited makes that ~1.5 ms"]
+        return []
+
     def _as_nobody(self, argv: list[str]) -> list[str]:
         """Run bwrap as the host's nobody when we can (we are root), else as ourselves.
         `setpriv` drops the identity: Popen's own user= would make Python fork the whole runner

@@ -13,6 +13,7 @@ import pytest
 from django.conf import settings
 
 from sessions.output import CommandOutput
+from sessions.runtimes import rootfs
 from sessions.runtimes.base import Chunk, OutputTail, SandboxError
 from tests.runtimes.helpers import py, run
 
@@ -385,7 +386,19 @@ def test_stats_report_cpu_memory_and_disk(driver, sandbox):
 
 def test_each_sandbox_reports_the_root_filesystem_it_runs(driver, sandbox, built_rootfs):
     assert sandbox.rootfs_digest == built_rootfs.digest
-    assert sandbox.rootfs_digest.startswith("sha256:")
+    if driver.name == "bubblewrap":
+        assert sandbox.handle["rootfs"] == str(built_rootfs.path)
+    else:  # Docker's own hash of the layer it imported: a second, independent computation
+        container = driver.client.containers.get(sandbox.handle["container"])
+        assert driver.client.images.get(container.image.id).attrs["RootFS"]["Layers"] == [sandbox.rootfs_digest]
+    inside = run(driver, sandbox, ["cat", "/etc/debian_version"]).stdout
+    assert inside == (built_rootfs.path / "etc" / "debian_version").read_text()
+
+
+def test_the_recorded_digest_is_the_tree_as_it_is_now(built_rootfs):
+    if isinstance(built_rootfs, Exception):
+        pytest.skip(str(built_rootfs))
+    assert rootfs._digest(built_rootfs.path)[0] == built_rootfs.digest  # nothing changed since the build
 
 
 @pytest.fixture(autouse=True)

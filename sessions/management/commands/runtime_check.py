@@ -22,8 +22,11 @@ class Command(BaseCommand):
                 failed += 1
                 self.stdout.write(f"{name:<16} unavailable: {exc}")
             else:
-                weaker = get_driver(name).weaker_here()
+                driver = get_driver(name)
+                weaker, slower = driver.weaker_here(), driver.slower_here()
                 self.stdout.write(f"{name:<16} ok" + (f", but weaker here: {'; '.join(weaker)}; run as root for "
                                                       "the full sandbox" if weaker else ""))
+                for note in slower:
+                    self.stdout.write(f"{'':<16} slower here: {note}")
         if failed:
             raise CommandError(f"{failed} driver(s) unavailable", returncode=2)
