@@ -8,9 +8,10 @@ connection is closed.
 
 Backpressure on WebSockets. Daphne writes every `websocket.send` into the connection's buffer
 at once, so a client that stops reading would make the server's memory grow without bound. Here
-a send returns only once the connection has drained below Twisted's write limit (64 KiB): the
-consumer waits, its channel-layer queue fills, the layer drops what does not fit, and the client
-gets a `lagged` event when it reads again (sessions/consumers.py). The runner never waits.
+a send returns only once the connection has drained below Twisted's write limit (64 KiB). The
+session consumer's sender waits meanwhile, while the consumer keeps taking events into a bounded
+outbox and drops the output that does not fit; the client gets a `lagged` event when it reads
+again (sessions/consumers.py). The runner never waits.
 
 Redacted access logs. A request's path can carry what the deployment must never log (a secret
 pasted into a file name); each access-log line is redacted like everything else.

@@ -4,8 +4,9 @@ Each command is one `bwrap` process tree: new user, PID, IPC, UTS, cgroup and ne
 namespaces (loopback only), uid/gid 65534, no capabilities, no_new_privs, a new session, and
 death with its parent. The root filesystem is the read-only debootstrap tree; /workspace is a
 size-limited tmpfs that lives as long as the sandbox; /tmp is a small tmpfs private to the
-command; /dev (with /dev/shm: no POSIX shared memory) is read-only. When the runner is root, bwrap itself runs as the
-host's uid 65534, so even a mount mistake would expose nothing that `nobody` cannot read.
+command; /dev, /dev/shm included (no POSIX shared memory), is read-only. When the runner is
+root, bwrap itself runs as the host's uid 65534, so even a mount mistake would expose nothing
+that `nobody` cannot read.
 
 Start-up order matters: bwrap is started with --block-fd, so its namespace init (pid 1
 inside) waits until the runner has placed both bwrap processes in the sandbox's cgroup (or set

@@ -72,10 +72,9 @@ def require() -> RootFS:
 
 
 def build(*, progress: Callable[[str], None] = print, force: bool = False) -> RootFS:
-    """Build (or reuse) the tree for the current recipe. Concurrent callers wait for one build."""
-    existing = current()
-    if existing is not None and not force:  # reusing a tree needs neither debootstrap nor root
-        progress(f"root filesystem {existing.digest[:19]}… already built at {existing.path}")
+    """Build (or reuse) the tree for the current recipe. Concurrent callers wait for one build;
+    reusing a tree needs neither debootstrap nor root."""
+    if not force and (existing := _reuse(progress)):
         return existing
     if shutil.which("debootstrap") is None:
         raise RuntimeUnavailable("debootstrap is not installed; install it with: apt-get install -y debootstrap")
@@ -86,11 +85,16 @@ def build(*, progress: Callable[[str], None] = print, force: bool = False) -> Ro
     os.chmod(base.parent, 0o755)  # noqa: S103 - sandboxes (uid 65534) must reach the tree
     with open(base.parent / f"{recipe_hash()}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        existing = current()
-        if existing is not None and not force:
-            progress(f"root filesystem {existing.digest[:19]}… already built at {existing.path}")
+        if not force and (existing := _reuse(progress)):  # another caller built it meanwhile
             return existing
         return _build_locked(base, progress)
+
+
+def _reuse(progress: Callable[[str], None]) -> RootFS | None:
+    existing = current()
+    if existing is not None:
+        progress(f"root filesystem {existing.digest[:19]}… already built at {existing.path}")
+    return existing
 
 
 def _build_locked(base: Path, progress: Callable[[str], None]) -> RootFS:
