@@ -74,6 +74,8 @@ class BubblewrapDriver(Driver):
         self.as_root = os.geteuid() == 0
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
+        # Per sandbox: a kill meant for one command never reaches the next (see _stop).
+        self._guards: dict[str, threading.RLock] = {}
         self._bwrap: str | None = None  # its path, once check() has found it
 
     # -- host checks -----------------------------------------------------------------------
@@ -166,7 +168,10 @@ class BubblewrapDriver(Driver):
     def destroy_by_id(self, sandbox_id: str) -> None:
         if not is_uuid(sandbox_id):  # an id becomes a path below: nothing but a UUID may get there
             raise SandboxError(f"{sandbox_id!r} is not a sandbox id")
-        self._kill_processes(sandbox_id)
+        with self._guard(sandbox_id):
+            self._kill_processes(sandbox_id)
+        with self._lock:
+            self._guards.pop(sandbox_id, None)
         if self.cgroups.available:
             self.cgroups.remove(sandbox_id)
         root = self.sandbox_dir / sandbox_id
@@ -214,10 +219,11 @@ class BubblewrapDriver(Driver):
                 self._stop(sandbox.id, running, running.reason or "killed")
                 running.process.wait()
             _close_pipes(running.process)
-            if self.cgroups.available:
-                self.cgroups.kill_all(sandbox.id)
-            with self._lock:
-                self._running.pop(sandbox.id, None)
+            with self._guard(sandbox.id):
+                if self.cgroups.available:
+                    self.cgroups.kill_all(sandbox.id)
+                with self._lock:
+                    self._running.pop(sandbox.id, None)
         reason = running.reason
         if reason is None and self.cgroups.available and self.cgroups.usage(sandbox.id).oom_kills > oom_before:
             reason = "oom"
@@ -249,7 +255,7 @@ class BubblewrapDriver(Driver):
             "--clearenv", *[part for name, value in env.items() for part in ("--setenv", name, value)],
             "--", *argv,
         ])
-        with self._lock:
+        with self._guard(sandbox.id), self._lock:
             if sandbox.id in self._running:
                 raise SandboxError("a command is already running in this sandbox")
             try:
@@ -264,11 +270,14 @@ class BubblewrapDriver(Driver):
             running = _Running(process=process)
             self._running[sandbox.id] = running
         try:
+            # The outer bwrap joins the sandbox's cgroup at once: the kernel's wait before a move
+            # (an RCU grace period, ~11 ms after a pause) then overlaps bwrap's own set-up.
+            self._confine(sandbox, [process.pid])
             try:
                 running.inner_pid = _read_child_pid(info_read)
             except SandboxError as exc:
                 raise SandboxError(f"{exc}: {_startup_error(process)}") from None
-            self._confine(sandbox, [process.pid, running.inner_pid])
+            self._confine(sandbox, [running.inner_pid])  # forked before the move, or not: either way
             os.write(block_write, b"1")  # the command may start now
             if stdin is not None:
                 threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
@@ -290,8 +299,12 @@ class BubblewrapDriver(Driver):
         self._stop(sandbox_id, running, "killed")
         running.process.wait()
         _close_pipes(running.process)
-        with self._lock:
+        with self._guard(sandbox_id), self._lock:
             self._running.pop(sandbox_id, None)
+
+    def _guard(self, sandbox_id: str) -> threading.RLock:
+        with self._lock:
+            return self._guards.setdefault(sandbox_id, threading.RLock())
 
     def _confine(self, sandbox: Sandbox, pids: list[int]) -> None:
         limits = sandbox.spec.limits
@@ -320,15 +333,22 @@ class BubblewrapDriver(Driver):
                     os.kill(running.inner_pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 running.process.kill()
-        if self.cgroups.available:
-            self.cgroups.kill_all(sandbox_id)
+        # Whatever the command left in the sandbox, only while it is still the sandbox's command:
+        # a late timer or kill must not reach the next command, which may already be starting.
+        with self._guard(sandbox_id):
+            with self._lock:
+                current = self._running.get(sandbox_id) is running
+            if current and self.cgroups.available:
+                self.cgroups.kill_all(sandbox_id)
 
     def kill(self, sandbox: Sandbox) -> None:
-        with self._lock:
-            running = self._running.get(sandbox.id)
-        if running is not None:
-            self._stop(sandbox.id, running, "killed")
-        self._kill_processes(sandbox.id)
+        with self._guard(sandbox.id):
+            with self._lock:
+                running = self._running.get(sandbox.id)
+            if running is not None:
+                self._stop(sandbox.id, running, "killed")
+            else:
+                self._kill_processes(sandbox.id)
 
     def _kill_processes(self, sandbox_id: str) -> None:
         if self.cgroups.available:

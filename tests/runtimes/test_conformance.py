@@ -145,6 +145,18 @@ def test_kill_stops_a_running_command(driver, sandbox):
     assert run(driver, sandbox, ["true"]).status.exit_code == 0  # the sandbox still works
 
 
+def test_a_kill_never_reaches_the_command_that_follows(driver, sandbox):
+    for _ in range(5 if driver.name == "gvisor" else 15):
+        events = driver.exec(sandbox, ["python3", "-c", "import time; print('up', flush=True); time.sleep(300)"])
+        assert next(events).data == b"up\n"
+        killer = threading.Thread(target=driver.kill, args=(sandbox,))
+        killer.start()
+        assert list(events)[-1].reason == "killed"
+        following = run(driver, sandbox, ["python3", "-c", "import time; time.sleep(0.05); print('ok')"])
+        killer.join()
+        assert (following.status.reason, following.stdout) == ("exited", "ok\n"), following.stderr
+
+
 def test_the_memory_limit_ends_in_oom(driver, make_sandbox):
     sandbox = make_sandbox(memory_mb=64)
     result = py(driver, sandbox, "x = bytearray(256 * 2**20); x[::4096] = b'1' * (len(x) // 4096); print('survived')")
