@@ -25,12 +25,12 @@ CREDENTIAL_SHAPES = [
 _SHAPES = re.compile("|".join(f"(?:{shape})" for shape in CREDENTIAL_SHAPES), re.DOTALL)
 # `token=…`, `--password=…`, `?api_key=…`: the value goes, the name stays so the line still reads.
 SECRET_WORD = r"(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|credentials?)"  # noqa: S105 - a pattern, not a password
-# A name starts only after a space, `?`, `&`, a quote, `(`, `,` or `;` (`-` belongs to names:
-# `--db-password=`) and has at most 64 characters on either side of the word, so the time is
-# linear in the text (a start after each `-` and unbounded names made it quadratic: seconds for
-# one long line).
+# A name starts wherever a letter or digit does not precede it, except inside a dotted or dashed
+# run (`--db-password=`, `x.api-key:`), or after `_` (`…_PASSWORD=`); it holds at most 64
+# characters on either side of the word. Linear in the text: unbounded names that could start
+# after every `-` made one long line cost seconds.
 _KEYED = re.compile(
-    rf"(?i)((?:^|(?<=[?&\s\"'(,;]))[A-Za-z0-9_.-]{{0,64}}{SECRET_WORD}[A-Za-z0-9_]{{0,64}}\s*[=:]\s*)[^\s&'\"]+")
+    rf"(?i)((?<![A-Za-z0-9.-])[A-Za-z0-9_.-]{{0,64}}{SECRET_WORD}[A-Za-z0-9_]{{0,64}}\s*[=:]\s*)[^\s&'\"]+")
 # `--password hunter2`: an argument that names a secret makes the next argument one.
 _SECRET_FLAG = re.compile(rf"(?i)^--?[A-Za-z0-9_-]*{SECRET_WORD}[A-Za-z0-9_-]*$")
 
@@ -96,7 +96,10 @@ class RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         secrets = configured_secrets()
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format call: logging's own handler reports it, as without this filter
+            return True
         redacted = redact(message, secrets)
         if redacted != message:
             record.msg, record.args = redacted, ()

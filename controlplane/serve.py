@@ -21,8 +21,10 @@ sessions end `failed` with the reason, and their sandboxes are destroyed, instea
 `ready` until the next start finds them."""
 
 import asyncio
+import contextlib
 import json
 import sys
+from urllib.parse import unquote
 
 import daphne.server
 from daphne.access import AccessLogGenerator
@@ -34,6 +36,8 @@ from twisted.internet import defer, interfaces, reactor
 from zope.interface import implementer
 
 from controlplane.redaction import configured_secrets, redact
+
+LINGER_S = 2
 
 
 class _BoundedRequest(WebRequest):
@@ -52,15 +56,22 @@ class _BoundedRequest(WebRequest):
             return
         super().handleContentChunk(data)
 
+    def process(self):
+        if not self.refused:  # a refused body that arrived whole anyway is never handed on
+            super().process()
+
     def _refuse(self):
         if self.refused:
             return
         self.refused = True
         body = json.dumps({"error": "request_too_large", "detail": "a request body may hold at most "
                            f"{settings.AIRLOCK_MAX_REQUEST_BYTES} bytes"}).encode()
-        self.channel.transport.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
-                                     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        self.channel.transport.loseConnection()
+        transport = self.channel.transport
+        transport.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        # Reading (and dropping) what the client still sends for a moment before closing lets it
+        # read the 413: closing on unread data would reset the connection under it.
+        reactor.callLater(LINGER_S, transport.loseConnection)
 
 
 class _BoundedHTTPFactory(HTTPFactory):
@@ -94,7 +105,12 @@ class _Drain:
 
 class _RedactingAccessLog(AccessLogGenerator):
     def write_entry(self, host, date, request, *args, **kwargs):
-        super().write_entry(host, date, redact(request, configured_secrets()), *args, **kwargs)
+        secrets = configured_secrets()
+        request = redact(request, secrets)
+        decoded = unquote(request)
+        if redact(decoded, secrets) != decoded:  # a secret percent-encoded in the path or query
+            request = f"{request.split(' ')[0]} [a request target that held a secret]"
+        super().write_entry(host, date, request, *args, **kwargs)
 
 
 class AirlockServer(Server):
@@ -106,7 +122,16 @@ class AirlockServer(Server):
     async def handle_reply(self, protocol, message):
         await super().handle_reply(protocol, message)
         if message.get("type") == "websocket.send":
-            await _drain_of(protocol).writable.wait()
+            drain = _drain_of(protocol)
+            # Autobahn unregisters the producer before it drops a connection, so a paused one is
+            # not always told it stopped: look at the connection itself now and then.
+            while not drain.writable.is_set() and not self._gone(protocol):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(drain.writable.wait(), 1)
+
+    def _gone(self, protocol) -> bool:
+        return (protocol not in self.connections or self.connections[protocol].get("disconnected") is not None
+                or protocol.transport is None or getattr(protocol.transport, "disconnected", False))
 
     def run(self):
         reactor.addSystemEventTrigger("before", "shutdown", _stop_embedded_runner)
@@ -119,9 +144,10 @@ def _drain_of(protocol) -> _Drain:
         drain = protocol._airlock_drain = _Drain()
         transport = protocol.transport
         if transport is not None:
-            if getattr(transport, "producer", None) is not None:
+            with contextlib.suppress(AttributeError):
                 transport.unregisterProducer()  # the HTTP channel that did the upgrade; it is done
-            transport.registerProducer(drain, True)
+            with contextlib.suppress(RuntimeError):  # a transport that keeps its own (TLS): no backpressure
+                transport.registerProducer(drain, True)
     return drain
 
 

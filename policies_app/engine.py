@@ -248,12 +248,20 @@ def path_candidates(arg: str) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=8192)  # a pure function of one short string: agents repeat their arguments
 def _path_candidates(arg: str) -> tuple[str, ...]:
-    text = URL.sub(lambda m: m.group(0)[7:] if m.group(0).lower().startswith("file://") else " ", arg) \
-        if "://" in arg else arg
+    text = URL.sub(_url_path_or_nothing, arg) if "://" in arg else arg
     pieces = re.split(r"[=:,@\s]", text)
     if re.match(r"-[A-Za-z0-9]", arg) and len(arg) > 2:
         pieces.append(text[2:])
     return tuple(piece for piece in pieces if piece.startswith(("/", "~")) or ".." in piece.split("/"))
+
+
+def _url_path_or_nothing(match: re.Match) -> str:
+    """A `file://` URL's path; any other URL is not a path, unless it climbs (`a://../../x` is a
+    relative path to a directory named `a:` as much as a URL): then it stays to be checked."""
+    url = match.group(0)
+    if url.lower().startswith("file://"):
+        return url[7:]
+    return url if ".." in url.split("/") else " "
 
 
 def path_escape(path: str, cwd: str) -> str | None:

@@ -39,8 +39,9 @@ AUTH_WAIT_S = 5
 SNAPSHOT_WAIT_S = 2
 RECENT_COMMANDS = 20
 PENDING_LIMIT = 2000
-OUTBOX_CHARS = 2**20  # output waiting for one slow subscriber; past it, output events are dropped
-OUTBOX_EVENTS = 10_000  # and past this many waiting events, any event is
+OUTBOX_CHARS = 2**20  # what waits for one slow subscriber; past it (or OUTBOX_EVENTS), events are dropped
+OUTBOX_EVENTS = 10_000
+ALWAYS_SENT = {"command.exited", "session.state", "lagged"}  # small, one per command at most: never dropped
 RECONCILE_S = 1.0
 FORBIDDEN = 4403
 
@@ -178,19 +179,19 @@ class SessionConsumer(OneWayJsonConsumer):
             await self.channel_layer.group_discard(session_group(self.session_id), self.channel_name)
 
     def _post(self, event: dict) -> None:
-        """Queue an event for the subscriber; output past the outbox's bound is dropped and
-        counted, and the count goes out as `lagged` before the next event let through."""
-        size = len(event.get("data") or "")
-        if (len(self.outbox) >= OUTBOX_EVENTS or
-                (event.get("event") == "command.output" and self.outbox_chars + size > OUTBOX_CHARS)):
+        """Queue an event for the subscriber. Past the outbox's bounds an event is dropped and
+        counted (the count goes out as `lagged` before the next event let through), except the
+        ends of commands and states, which reconciliation relies on to reach the subscriber."""
+        size = _size(event)
+        kind = event.get("event")
+        if kind not in ALWAYS_SENT and (len(self.outbox) >= OUTBOX_EVENTS or self.outbox_chars + size > OUTBOX_CHARS):
             self.missed += 1
-            if event.get("event") != "command.output":
+            if kind != "command.output":
                 self._reconcile_soon()
             return
         if self.missed:
             self.outbox.append({"event": "lagged", "session": self.session_id, "missed": self.missed})
             self.missed = 0
-        kind = event.get("event")
         if kind == "session.state":
             self.state = event["state"]
         elif kind == "command.started":
@@ -207,7 +208,7 @@ class SessionConsumer(OneWayJsonConsumer):
             await self.has_mail.wait()
             while self.outbox:
                 event = self.outbox.popleft()
-                self.outbox_chars -= len(event.get("data") or "")
+                self.outbox_chars -= _size(event)
                 await self.send_json(event)  # waits while the connection drains
             self.has_mail.clear()
 
@@ -265,6 +266,11 @@ class SessionConsumer(OneWayJsonConsumer):
                     self._post(event)
             if state["state"] != self.state:
                 self._post(state)
+
+
+def _size(event: dict) -> int:
+    """What an event weighs in the outbox: its output, or the argv it carries."""
+    return len(event.get("data") or "") + sum(len(arg) for arg in event.get("argv") or ())
 
 
 class TenantSessionsConsumer(OneWayJsonConsumer):

@@ -270,14 +270,16 @@ class BubblewrapDriver(Driver):
             running = _Running(process=process)
             self._running[sandbox.id] = running
         try:
-            # The outer bwrap joins the sandbox's cgroup at once: the kernel's wait before a move
-            # (an RCU grace period, ~11 ms after a pause) then overlaps bwrap's own set-up.
-            self._confine(sandbox, [process.pid])
+            # In cgroups, the outer bwrap joins at once: the kernel's wait before a move (an RCU
+            # grace period, ~11 ms after a pause) then overlaps bwrap's own set-up. Rlimits wait
+            # for the user namespace: set before it, RLIMIT_NPROC would bound the namespace.
+            early = [process.pid] if self.cgroups.available else []
+            self._confine(sandbox, early)
             try:
                 running.inner_pid = _read_child_pid(info_read)
             except SandboxError as exc:
                 raise SandboxError(f"{exc}: {_startup_error(process)}") from None
-            self._confine(sandbox, [running.inner_pid])  # forked before the move, or not: either way
+            self._confine(sandbox, [pid for pid in (process.pid, running.inner_pid) if pid not in early])
             os.write(block_write, b"1")  # the command may start now
             if stdin is not None:
                 threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()

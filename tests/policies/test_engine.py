@@ -69,7 +69,7 @@ def test_allow_args_admit_only_listed_arguments():
 @pytest.mark.parametrize(
     "arg", ["..", "../x", "a/../../x", "/etc/passwd", "/workspace/../etc", "~/.ssh/id_rsa", "--rootdir=/etc",
             "--junitxml=../../out.xml", "-o/etc/passwd", "x:/etc/passwd", "@/etc/passwd", "file:///etc/passwd",
-            "core.hooksPath=/etc", "--a=b=/etc", "a,../../b"],
+            "core.hooksPath=/etc", "--a=b=/etc", "a,../../b", "a://../../etc/passwd"],
 )
 def test_paths_leaving_the_workspace_are_path_outside_workspace(arg):
     decision = decide({"bin": "pytest", "args": [arg]})
