@@ -50,16 +50,21 @@ def _may_hold_a_shape(text: str) -> bool:
     return any(marker in lowered for marker in _MARKERS)
 
 
+def _long_enough(secrets: Iterable[str]) -> list[str]:
+    """Configured values short enough to occur by chance are not looked for."""
+    return [secret for secret in secrets if len(secret) >= 6]
+
+
 def may_hold_a_secret(text: str, secrets: Iterable[str] = ()) -> bool:
     """False only when redacting `text` would change nothing."""
-    return _may_hold_a_shape(text) or any(secret in text for secret in secrets if len(secret) >= 6)
+    return _may_hold_a_shape(text) or any(secret in text for secret in _long_enough(secrets))
 
 
 def secret_spans(text: str, secrets: Iterable[str] = ()) -> list[tuple[int, int]]:
     """Where in `text` something would be redacted (a match may run to the end of the text)."""
     patterns = (_SHAPES, _KEYED) if _may_hold_a_shape(text) else ()
     spans = [match.span() for pattern in patterns for match in pattern.finditer(text)]
-    for secret in (s for s in secrets if len(s) >= 6):
+    for secret in _long_enough(secrets):
         start = text.find(secret)
         while start != -1:
             spans.append((start, start + len(secret)))
@@ -68,7 +73,7 @@ def secret_spans(text: str, secrets: Iterable[str] = ()) -> list[tuple[int, int]
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    for secret in sorted((s for s in secrets if len(s) >= 6), key=len, reverse=True):
+    for secret in sorted(_long_enough(secrets), key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     if not _may_hold_a_shape(text):
         return text
@@ -95,11 +100,11 @@ class RedactingFilter(logging.Filter):
     """On every log handler: a record's message and traceback leave redacted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        secrets = configured_secrets()
         try:
             message = record.getMessage()
         except Exception:  # a bad format call: logging's own handler reports it, as without this filter
             return True
+        secrets = configured_secrets()
         redacted = redact(message, secrets)
         if redacted != message:
             record.msg, record.args = redacted, ()

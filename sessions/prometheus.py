@@ -13,6 +13,7 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Sum
 from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -80,7 +81,7 @@ class TenantCollector:
         if self.everything:
             reaped = CounterMetricFamily("airlock_sandboxes_reaped", "Orphan sandboxes (no active session) "
                                          "destroyed by the runners")
-            reaped.add_metric([], sum(Runner.objects.values_list("reaped", flat=True)))
+            reaped.add_metric([], Runner.objects.aggregate(total=Sum("reaped"))["total"] or 0)
             yield reaped
 
 

@@ -5,7 +5,6 @@ new tree and an unchanged one is reused. Its digest is the SHA-256 of a determin
 the tree: the same bytes `docker import` receives, so the digest bubblewrap reports equals the
 Docker image's layer id (`docker image inspect -f '{{.RootFS.Layers}}'`)."""
 
-import collections
 import fcntl
 import hashlib
 import json
@@ -107,16 +106,15 @@ def _build_locked(base: Path, progress: Callable[[str], None]) -> RootFS:
         "debootstrap", f"--variant={RECIPE['variant']}", f"--include={','.join(RECIPE['packages'])}",
         RECIPE["suite"], str(tree), RECIPE["mirror"],
     ]
-    problems = collections.deque(maxlen=5)
+    said = "no error line"
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
         for line in process.stdout:
             if line.startswith(("I: Retrieving", "I: Configuring", "I: Extracting", "I: Base system")):
                 progress("  " + line.strip()[3:])
             elif line.startswith(("E:", "W:")):  # debootstrap's errors and warnings, as it words them
                 progress("  " + line.strip())
-                problems.append(line.strip())
+                said = line.strip()
     if process.returncode != 0:
-        said = problems[-1] if problems else "no error line"
         raise RuntimeUnavailable(f"debootstrap failed with exit code {process.returncode} ({said}); its full log "
                                  f"is {tree / 'debootstrap' / 'debootstrap.log'}; check the mirror {RECIPE['mirror']} "
                                  "is reachable, then run build_rootfs again")

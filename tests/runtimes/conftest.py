@@ -6,11 +6,12 @@ bubblewrap. The root filesystem (and the Docker image) are built on first use wh
 
 import os
 import uuid
+from typing import NoReturn
 
 import pytest
 
 from sessions.runtimes import get_driver, rootfs
-from sessions.runtimes.base import Limits, RuntimeUnavailable, SandboxSpec
+from sessions.runtimes.base import Driver, Limits, RuntimeUnavailable, SandboxSpec
 
 DRIVERS = ["bubblewrap", "docker", "gvisor"]
 
@@ -19,6 +20,25 @@ def _required(name: str) -> bool:
     if name == "bubblewrap":
         return os.environ.get("CI") == "true"
     return os.environ.get("AIRLOCK_REQUIRE_DOCKER") == "1"
+
+
+def unavailable(name: str, exc: Exception) -> NoReturn:
+    """Skip, or fail where the environment requires the driver."""
+    if _required(name):
+        pytest.fail(f"{name} is required here but unavailable: {exc}")
+    pytest.skip(f"{name} unavailable: {exc}")
+
+
+def checked_driver(name: str, built_rootfs) -> Driver:
+    """The driver `name`, checked on this host, with its root filesystem built."""
+    try:
+        if isinstance(built_rootfs, RuntimeUnavailable):
+            raise built_rootfs
+        instance = get_driver(name)
+        instance.check()
+    except RuntimeUnavailable as exc:
+        unavailable(name, exc)
+    return instance
 
 
 @pytest.fixture(scope="session")
@@ -33,17 +53,7 @@ def built_rootfs():
 
 @pytest.fixture(params=DRIVERS, scope="session")
 def driver(request, built_rootfs):
-    name = request.param
-    try:
-        if isinstance(built_rootfs, RuntimeUnavailable):
-            raise built_rootfs
-        instance = get_driver(name)
-        instance.check()
-    except RuntimeUnavailable as exc:
-        if _required(name):
-            pytest.fail(f"{name} is required here but unavailable: {exc}")
-        pytest.skip(f"{name} unavailable: {exc}")
-    return instance
+    return checked_driver(request.param, built_rootfs)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from sessions.runtimes.bubblewrap import BubblewrapDriver
 from sessions.runtimes.cgroups import CgroupManager
 from sessions.runtimes.docker_driver import DockerDriver
 from sessions.runtimes.reaper import reap_orphans
+from tests.runtimes.conftest import checked_driver
 
 
 def test_bubblewrap_missing_names_the_package(monkeypatch, tmp_path):
@@ -30,14 +31,9 @@ def test_a_docker_daemon_that_is_down_names_the_fix(tmp_path):
         driver.check()
 
 
-def test_an_unregistered_gvisor_runtime_names_the_fix():
+def test_an_unregistered_gvisor_runtime_names_the_fix(built_rootfs):
+    checked_driver("docker", built_rootfs)  # an engine to ask
     driver = DockerDriver(isolation="gvisor", gvisor_runtime="runsc-not-registered")
-    try:
-        get_driver("docker").check()
-    except RuntimeUnavailable as exc:
-        if os.environ.get("AIRLOCK_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"Docker is required here but unavailable: {exc}")
-        pytest.skip(f"no Docker engine to ask: {exc}")
     with pytest.raises(RuntimeUnavailable, match=r"runsc-not-registered.*daemon.json"):
         driver.check()
 
@@ -76,8 +72,7 @@ def test_reap_orphans_destroys_only_what_no_active_session_owns(driver, make_san
 
 
 def test_a_bubblewrap_without_the_options_airlock_uses_is_named_too_old(monkeypatch, tmp_path, built_rootfs):
-    if isinstance(built_rootfs, RuntimeUnavailable) or shutil.which("bwrap") is None:
-        pytest.skip("no root filesystem or bubblewrap to wrap")
+    checked_driver("bubblewrap", built_rootfs)  # a real bwrap to wrap
     wrappers = Path(tempfile.mkdtemp())  # bwrap runs as nobody: it must be able to read the wrapper
     wrappers.chmod(0o755)
     old = wrappers / "bwrap"  # a real bwrap that, like bubblewrap 0.4, does not know --size
@@ -92,14 +87,8 @@ def test_a_bubblewrap_without_the_options_airlock_uses_is_named_too_old(monkeypa
         shutil.rmtree(wrappers)
 
 
-def test_a_docker_daemon_lost_after_its_check_names_the_fix(tmp_path):
-    driver = get_driver("docker")
-    try:
-        driver.check()
-    except RuntimeUnavailable as exc:
-        if os.environ.get("AIRLOCK_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"Docker is required here but unavailable: {exc}")
-        pytest.skip(f"no Docker engine: {exc}")
+def test_a_docker_daemon_lost_after_its_check_names_the_fix(tmp_path, built_rootfs):
+    driver = checked_driver("docker", built_rootfs)
     gone = DockerDriver(base_url=f"unix://{tmp_path}/docker.sock")
     gone._checked, gone.image_digest, gone._image_imported = True, driver.image_digest, False  # checked, then lost
     with pytest.raises(RuntimeUnavailable, match=r"Docker daemon is not reachable.*dockerd"):
@@ -107,15 +96,8 @@ def test_a_docker_daemon_lost_after_its_check_names_the_fix(tmp_path):
 
 
 def test_deployments_with_their_own_sandbox_directories_never_see_each_others_sandboxes(tmp_path, built_rootfs):
-    if isinstance(built_rootfs, RuntimeUnavailable):
-        pytest.skip(str(built_rootfs))
+    checked_driver("bubblewrap", built_rootfs)
     ours, theirs = BubblewrapDriver(sandbox_dir=tmp_path / "ours"), BubblewrapDriver(sandbox_dir=tmp_path / "theirs")
-    try:
-        theirs.check()
-    except RuntimeUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"bubblewrap is required here but unavailable: {exc}")
-        pytest.skip(str(exc))
     sandbox = theirs.create(SandboxSpec(tenant="acme", session_id=str(uuid.uuid4())))
     try:
         assert sandbox.id in theirs.list_sandboxes()
