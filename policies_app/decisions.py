@@ -153,7 +153,7 @@ def record_payload(record: DecisionRecord) -> dict:
 
 
 def decision_payload(decision: Decision, record: DecisionRecord | None = None) -> dict:
-    """A decision as the API shows it (DESIGN.md §3)."""
+    """A decision as the API shows it (docs/architecture.md, "API")."""
     ref = decision.policy_version
     return {
         "id": str(record.id) if record else None, "allowed": decision.allowed, "effect": decision.effect,

@@ -1,4 +1,4 @@
-"""The policy document (DESIGN.md §4): its schema, YAML parsing with errors at their line,
+"""The policy document (docs/architecture.md, "Policy document"): its schema, YAML parsing with errors at their line,
 and the canonical form whose SHA-256 identifies a version."""
 
 import hashlib
@@ -9,7 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-# The closed set of reason codes (DESIGN.md §3).
+# The closed set of reason codes (docs/architecture.md, "API").
 ReasonCode = Literal[
     "schema_invalid", "bin_not_allowed", "arg_denied", "path_outside_workspace", "egress_denied",
     "limit_exceeded", "session_not_active", "default_deny",
@@ -23,9 +23,18 @@ class Strict(BaseModel):
 
 
 class Runtime(Strict):
-    driver: Literal["bubblewrap", "docker", "gvisor"] = "bubblewrap"
-    isolation: Literal["standard", "gvisor"] = "standard"
+    driver: Literal["bubblewrap", "docker", "gvisor"] | None = Field(
+        None, description="unset: the deployment's default driver (AIRLOCK_RUNTIME)")
+    isolation: Literal["standard", "gvisor"] = Field(
+        "standard", description="gvisor: run under gVisor (Docker with runsc), whatever the driver says")
     image: str = "airlock/sandbox:bookworm"
+
+    def driver_for(self, default: str) -> str:
+        """The driver a session of this policy runs on, given the deployment's default. The
+        stronger isolation wins a contradiction (`driver: bubblewrap` with `isolation: gvisor`)."""
+        if self.isolation == "gvisor":
+            return "gvisor"
+        return self.driver or default
 
 
 class Limits(Strict):

@@ -6,6 +6,7 @@ cached by its sha256; evaluation does no I/O."""
 
 import difflib
 import functools
+import json
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
+from policies_app import lint
 from policies_app.document import CommandRule, EgressRequest, ExecRequest, PolicyDocument
 
 WORKSPACE = "/workspace"
@@ -167,8 +169,9 @@ def _check_exec(compiled: CompiledPolicy, request: ExecRequest,
     if not rules:
         refusal = compiled.unknown_bins.get(request.bin)
         if refusal is None:
-            refusal = _bin_not_allowed(compiled, request.bin)
-            if len(compiled.unknown_bins) < UNKNOWN_BINS_KEPT:
+            refusal = _bin_not_allowed(compiled, request)
+            # A program that runs code is answered from its arguments (what it would run instead).
+            if len(compiled.unknown_bins) < UNKNOWN_BINS_KEPT and lint.runs_any_code(request.bin) is None:
                 compiled.unknown_bins[request.bin] = refusal
         return refusal, None
     if request.bin in compiled.expiring:
@@ -189,18 +192,51 @@ def _check_exec(compiled: CompiledPolicy, request: ExecRequest,
     return first_refusal, None
 
 
-def _bin_not_allowed(compiled: CompiledPolicy, bin_name: str) -> _Refusal:
-    allowed = sorted(compiled.rules_by_bin)
-    ref = compiled.ref
+def _bin_not_allowed(compiled: CompiledPolicy, request: ExecRequest) -> _Refusal:
+    allowed, ref, bin_name = sorted(compiled.rules_by_bin), compiled.ref, request.bin
+    grant = _grant_hint(bin_name, request.args)
     if not allowed:
         return _Refusal("default_deny", None, f"{ref.label()} allows no command (default deny)",
-                        f"a security admin can add a rule for `{bin_name}` to {ref.label()}")
+                        grant or f"a security admin can add a rule for `{bin_name}` to {ref.label()}")
     names = ", ".join(f"`{name}`" for name in allowed)
     near = difflib.get_close_matches(bin_name, allowed, n=1, cutoff=0.6)
     hint = f"{ref.label()} allows only {names}; "
     hint += f"did you mean `{near[0]}`? " if near else ""
-    hint += f"a security admin can add `{bin_name}`"
+    hint += grant or f"a security admin can add `{bin_name}`"
     return _Refusal("bin_not_allowed", None, f"`{bin_name}` is not an allowed command", hint)
+
+
+def _widen_hint(rule: CommandRule, args: tuple[str, ...] | list[str], ref: VersionRef) -> str:
+    """Whether widening `rule` for these arguments would help, or run arbitrary code (lint's view)."""
+    flag = lint.inline_code_flag(rule.bin, args)
+    if flag is not None:
+        return (f"`{flag}` makes `{rule.bin}` run code it is given, so widening rule `{rule.id}` for it is arbitrary "
+                "code execution (lint flags it)"
+                + ("; write the code to a workspace file and run that" if rule.bin in lint.INTERPRETERS else ""))
+    if rule.bin in lint.SHELLS or rule.bin in lint.WRAPPERS:
+        return (f"{lint.runs_any_code(rule.bin)}, so widening rule `{rule.id}` lets an agent run anything (lint flags "
+                "it); send the program it would run as argv instead")
+    return f"a security admin can widen rule `{rule.id}` of {ref.label()}"
+
+
+def _grant_hint(bin_name: str, args: tuple[str, ...] | list[str]) -> str | None:
+    """For a program that runs arbitrary code, what narrower thing would help instead of a rule
+    for it (which lint flags); None for any other program."""
+    why = lint.runs_any_code(bin_name)
+    if why is None:
+        return None
+    if bin_name in lint.INLINE_CODE:
+        closing = ", ".join(f"`^{flag if re.fullmatch(r'[A-Za-z0-9=-]+', flag) else re.escape(flag)}`"
+                            for flag in lint.INLINE_CODE[bin_name])
+        hint = (f"{why}, so a rule that leaves them open is arbitrary code execution (lint flags it); a security "
+                f"admin can add `{bin_name}` with deny_args [{closing}] or with allow_args")
+        return hint + ("; the agent can write the code to a workspace file and run that"
+                       if bin_name in lint.INTERPRETERS else "")
+    instead = lint.argv_instead(bin_name, args)
+    suggestion = (f"send the command itself as argv instead, {json.dumps({'bin': instead[0], 'args': instead[1:]})}, "
+                  "which the policy judges on its own" if instead else
+                  "send the program it would run, with its arguments, as argv instead")
+    return f"{why}: a rule for it lets an agent run anything (lint flags it as arbitrary code execution); {suggestion}"
 
 
 def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: ExecRequest) -> _Refusal | None:
@@ -208,7 +244,7 @@ def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: 
     if rule.exact_args is not None and list(request.args) != rule.exact_args:
         allowed = " ".join(rule.exact_args) or "no arguments"
         return _Refusal("arg_denied", rule.id, f"rule `{rule.id}` allows exactly `{allowed}`",
-                        f"send exactly `{allowed}`; a security admin can widen rule `{rule.id}` of {ref.label()}")
+                        f"send exactly `{allowed}`; {_widen_hint(rule, request.args, ref)}")
     if rule.max_args is not None and len(request.args) > rule.max_args:
         return _Refusal("arg_denied", rule.id, f"{len(request.args)} arguments; rule `{rule.id}` allows at most "
                         f"{rule.max_args}", f"send at most {rule.max_args} arguments")
@@ -222,8 +258,8 @@ def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: 
         if compiled_rule.allow is not None and not any(p.fullmatch(arg) for p in compiled_rule.allow):
             allowed = ", ".join(f"`{p.pattern}`" for p in compiled_rule.allow) or "none"
             return _Refusal("arg_denied", rule.id, f"argument {position} `{arg}` matches no allowed pattern of rule "
-                            f"`{rule.id}`", f"rule `{rule.id}` allows only arguments matching {allowed}; a security "
-                            f"admin can widen it")
+                            f"`{rule.id}`", f"rule `{rule.id}` allows only arguments matching {allowed}; "
+                            f"{_widen_hint(rule, [arg], ref)}")
         if compiled.document.filesystem.arg_paths == "workspace_only":
             for value in path_candidates(arg):
                 if path_escape(value, request.cwd) is not None:

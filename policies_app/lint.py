@@ -1,8 +1,12 @@
 """Lint: rules that let an agent run arbitrary code. Warnings, shown in the editor; the
 security admin decides. A rule is flagged when it allows an interpreter or wrapper without
-argument rules that close its code-running flags."""
+argument rules that close its code-running flags.
+
+The engine asks the same tables (`runs_any_code`, `inline_code_flag`) before it words a hint,
+so a denial never suggests granting what lint would flag."""
 
 import re
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -21,8 +25,52 @@ INLINE_CODE = {
     "ssh": ["-o"], "rsync": ["-e", "--rsh"], "vim": ["-c"], "sed": ["e"],
 }
 
+# Interpreters: the code an agent would give inline can be a workspace file instead.
+INTERPRETERS = {"python", "python3", "node", "perl", "ruby", "php", "lua"}
+
 # Where the code-running token is a subcommand, fixing the subcommand in prepend_args closes it.
 SUBCOMMAND_BINS = {"npm"}
+
+
+def runs_any_code(bin_name: str) -> str | None:
+    """Why a rule for this program, without argument rules, would run arbitrary code, or None."""
+    if bin_name in SHELLS:
+        return f"`{bin_name}` is a shell"
+    if bin_name in WRAPPERS:
+        return f"`{bin_name}` runs any program named in its arguments"
+    if bin_name in INLINE_CODE:
+        return f"`{bin_name}` runs code given through {', '.join(f'`{flag}`' for flag in INLINE_CODE[bin_name])}"
+    return None
+
+
+def inline_code_flag(bin_name: str, args: list[str] | tuple[str, ...]) -> str | None:
+    """The first argument that makes `bin_name` run code given inline (`-c`, `-cCODE`,
+    `--eval=CODE`, npm's `exec`), or None."""
+    for arg in args:
+        for flag in INLINE_CODE.get(bin_name, ()):
+            if arg == flag or (flag.startswith("--") and arg.startswith(flag + "=")) or (
+                    re.fullmatch(r"-[A-Za-z]", flag) and arg.startswith("-") and not arg.startswith("--")
+                    and flag[1] in arg[1:]):
+                return arg
+    return None
+
+
+def argv_instead(bin_name: str, args: list[str] | tuple[str, ...]) -> list[str] | None:
+    """The program a shell's `-c` script or a wrapper would run, as argv, when that is plain:
+    `bash -c "cat /etc/passwd"` → ["cat", "/etc/passwd"]. None when it is not (pipes,
+    redirections, variables, several commands)."""
+    if bin_name in SHELLS and len(args) == 2 and re.fullmatch(r"-[a-z]*c[a-z]*", args[0]):
+        if re.search(r"[|&;<>()$`\\*?\[\]{}!#~\n]", args[1]):
+            return None
+        try:
+            argv = shlex.split(args[1])
+        except ValueError:
+            return None
+        return argv or None
+    if bin_name in WRAPPERS:
+        rest = [arg for arg in args if not arg.startswith("-")]
+        return rest or None
+    return None
 
 
 @dataclass(frozen=True)
@@ -40,6 +88,9 @@ def lint(document: PolicyDocument) -> list[LintWarning]:
         if rule.expires is not None and rule.expires <= now:
             expired = f"{rule.expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
             warnings.append(LintWarning(rule.id, f"rule `{rule.id}` expired at {expired}: it allows nothing"))
+    if document.runtime.driver == "bubblewrap" and document.runtime.isolation == "gvisor":
+        warnings.append(LintWarning("runtime", "runtime names the bubblewrap driver with isolation gvisor: sessions "
+                                               "run under gVisor (the stronger isolation wins)"))
     if document.network.egress == "allowlist":
         warnings.append(LintWarning("network", "egress `allowlist` is not enforced yet: sandboxes have no network "
                                                "at all until the egress proxy ships"))

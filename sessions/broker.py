@@ -18,7 +18,7 @@ from policies_app.models import Policy
 from sessions import services
 from sessions.models import CommandRun, Session, SessionState
 from sessions.runner.client import NoRunner, runner_call, runner_pick, runner_send
-from sessions.workspace import allowed_repositories, normalize_path
+from sessions.workspace import WRITE_DEADLINE_S, allowed_repositories, normalize_path
 
 CREATE_TIMEOUT_S = 120  # a gVisor sandbox with a large checkout can take seconds
 RELEASE_TIMEOUT_S = 60
@@ -57,7 +57,12 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
                         timeout_s=CREATE_TIMEOUT_S)
     if not reply.get("ok"):
         services.session_finish(session_id=session.pk, state=SessionState.FAILED, reason=reply.get("detail", ""))
-        raise BrokerError("sandbox_unavailable", f"the sandbox could not start: {reply.get('detail')}", 503)
+        runtime = version.document["runtime"]
+        chosen_by = (f"policy `{policy.name}` v{version.number} names it in runtime"
+                     if runtime.get("driver") or runtime.get("isolation") == "gvisor"
+                     else "the deployment's default, AIRLOCK_RUNTIME")
+        raise BrokerError("sandbox_unavailable", f"the sandbox could not start on the {session.driver} driver "
+                          f"({chosen_by}): {reply.get('detail')}", 503)
     session.refresh_from_db()
     return Created(session=session, token=token)
 
@@ -170,8 +175,9 @@ def file_operation(*, session: Session, op: str, path: str, data: bytes | None =
                conversation_id=session.conversation_id, secrets=secrets)
     message = {"type": f"file.{op}", "session": str(session.pk), "path": relative}
     if data is not None:
-        message["data"] = data
-    reply = runner_call(session.runner_id, message, timeout_s=90)
+        message.update(data=data, deadline_s=WRITE_DEADLINE_S)
+    # Longer than the write's deadline: a 504 from here means it did not land and never will.
+    reply = runner_call(session.runner_id, message, timeout_s=WRITE_DEADLINE_S + 30)
     if not reply.get("ok"):
         status = {"not_found": 404, "quota_exceeded": 507, "file_too_large": 413, "session_not_active": 409,
                   "runner_timeout": 504}.get(reply.get("error"), 400)

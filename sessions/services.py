@@ -3,12 +3,14 @@ machine of models.SessionQuerySet.transition) and its live event leaves after co
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from controlplane.audit import audit_record
 from controlplane.models import Tenant
+from policies_app.document import Runtime
 from policies_app.models import DecisionRecord, PolicyVersion
 from sessions.events import publish_on_commit, session_changed_on_commit
 from sessions.models import (
@@ -34,10 +36,11 @@ def session_create(*, tenant: Tenant, conversation_id: str, policy_version: Poli
     """A session in state `creating`, placed on `runner`; returns it with its token (shown once)."""
     token = new_token()
     document = policy_version.document
+    driver = Runtime.model_validate(document["runtime"]).driver_for(settings.AIRLOCK_RUNTIME)
     now = timezone.now()
     session = Session.objects.create(
         tenant=tenant, conversation_id=conversation_id, policy_version=policy_version,
-        driver=document["runtime"]["driver"], runner=runner, token_hash=hash_token(token),
+        driver=driver, runner=runner, token_hash=hash_token(token),
         workspace_source=workspace_source, created_by=created_by[:100], created_at=now, last_activity_at=now,
         expires_at=now + timedelta(seconds=document["limits"]["session_ttl_s"]),
     )

@@ -4,13 +4,19 @@ allowlisted local git repository a session may start from.
 Every file operation runs inside the sandbox, as its uid 65534, through a fixed Python program
 (`python3 -I`): the workspace quota (a tmpfs of the policy's disk_mb) applies, and no path,
 symlink or hard link can reach anything the sandbox itself could not. The program walks each
-path component with O_NOFOLLOW, so a symlink the agent planted is refused, not followed."""
+path component with O_NOFOLLOW, so a symlink the agent planted is refused, not followed.
+
+A write is atomic: the bytes go to a new hidden file beside the target, which replaces the target
+by rename(2) only once all of them are in, before the write's deadline. Anything that goes wrong
+first (the quota, a short body, the deadline, a kill) leaves the old file exactly as it was and
+no partial file (docs/architecture.md, "Workspace files")."""
 
 import fnmatch
 import io
 import posixpath
 import subprocess
 import tarfile
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -19,8 +25,8 @@ from sessions.runtimes.base import WORKSPACE, Chunk, Driver, ExitStatus, Sandbox
 
 MAX_PATH = 1024
 FILE_PROGRAM = r"""
-import errno, os, stat, sys, tarfile
-op, path, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+import errno, os, secrets, stat, sys, tarfile, time
+op, path, limit, deadline = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 def parent_fd(parts, create):
@@ -43,15 +49,44 @@ def parent_fd(parts, create):
 
 try:
     parts = path.split("/")
-    if op == "put":
+    if op == "put":  # `limit` is the exact length of the new content
         fd = parent_fd(parts[:-1], True)
-        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, 0o644, dir_fd=fd)
-        with os.fdopen(out, "wb") as f:
-            while block := sys.stdin.buffer.read(65536):
-                f.write(block)
+        name, mode = parts[-1], 0o644
+        try:
+            old = os.lstat(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        else:
+            if stat.S_ISLNK(old.st_mode):
+                raise OSError(errno.ELOOP, name)
+            if stat.S_ISDIR(old.st_mode):
+                raise OSError(errno.EISDIR, name)
+            if not stat.S_ISREG(old.st_mode):  # a FIFO, socket or device is never replaced
+                raise OSError(errno.EACCES, name)
+            mode = stat.S_IMODE(old.st_mode)
+        temp = f".airlock-put-{secrets.token_hex(8)}"
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=fd)
+        try:
+            written = 0
+            with os.fdopen(out, "wb") as f:
+                while block := sys.stdin.buffer.read(65536):
+                    written += len(block)
+                    f.write(block)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+            if written != limit:
+                raise OSError(errno.EPIPE, "short body")
+            if time.time() > deadline:
+                raise OSError(errno.ETIMEDOUT, "past the deadline")
+            os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            os.unlink(temp, dir_fd=fd)
+            raise
     elif op == "get":
         fd = parent_fd(parts[:-1], False)
-        src = os.open(parts[-1], os.O_RDONLY | NOFOLLOW, dir_fd=fd)
+        src = os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=fd)  # a FIFO never blocks it
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            raise OSError(errno.EACCES, path)
         with os.fdopen(src, "rb") as f:
             data = f.read(limit + 1)
         if len(data) > limit:
@@ -75,8 +110,13 @@ ERRORS = {
     "ENOSPC": ("quota_exceeded", "the workspace is full (its size is the policy's limits.disk_mb)"),
     "EDQUOT": ("quota_exceeded", "the workspace is full (its size is the policy's limits.disk_mb)"),
     "EFBIG": ("file_too_large", "the file is larger than the API serves"),
-    "EACCES": ("permission_denied", "the sandbox's user may not access this path"),
+    "EACCES": ("permission_denied", "the sandbox's user may not access this path, or it is not a regular file"),
+    "EPIPE": ("workspace_error", "the file's content did not arrive whole; the workspace is unchanged"),
+    "ETIMEDOUT": ("runner_timeout", "the write did not finish in time; the workspace is unchanged"),
 }
+# A write lands within this long after the runner takes it up, or never: the API waits longer
+# than this, so its 504 means the write did not land and never will.
+WRITE_DEADLINE_S = 60
 
 
 class WorkspaceError(Exception):
@@ -96,14 +136,23 @@ def normalize_path(path: str) -> str:
 
 
 def _run(driver: Driver, sandbox: Sandbox, op: str, path: str, *, stdin: bytes | None = None,
-         limit: int = 0, timeout_s: float = 60) -> bytes:
+         limit: int = 0, deadline: float | None = None) -> bytes:
+    """`deadline`: a wall-clock time (a sandbox shares its host's clock) at which the operation
+    is killed; a write checks it once more just before it lands."""
+    if deadline is None:
+        deadline = time.time() + WRITE_DEADLINE_S
+    remaining = deadline - time.time()
+    if remaining <= 0:
+        raise WorkspaceError(*ERRORS["ETIMEDOUT"])
     stdout, stderr, status = [], [], None
-    for item in driver.exec(sandbox, ["python3", "-I", "-c", FILE_PROGRAM, op, path, str(limit)],
-                            cwd=WORKSPACE, stdin=stdin, timeout_s=timeout_s):
+    argv = ["python3", "-I", "-c", FILE_PROGRAM, op, path, str(limit), repr(deadline)]
+    for item in driver.exec(sandbox, argv, cwd=WORKSPACE, stdin=stdin, timeout_s=remaining):
         if isinstance(item, Chunk):
             (stdout if item.stream == "stdout" else stderr).append(item.data)
         elif isinstance(item, ExitStatus):
             status = item
+    if status is not None and status.reason == "timeout":
+        raise WorkspaceError(*ERRORS["ETIMEDOUT"])
     if status is None or status.exit_code != 0:
         name = b"".join(stderr).decode(errors="replace").strip().rsplit("\n", 1)[-1]
         if name in ERRORS:
@@ -113,8 +162,8 @@ def _run(driver: Driver, sandbox: Sandbox, op: str, path: str, *, stdin: bytes |
     return b"".join(stdout)
 
 
-def file_put(driver: Driver, sandbox: Sandbox, path: str, data: bytes) -> None:
-    _run(driver, sandbox, "put", normalize_path(path), stdin=data)
+def file_put(driver: Driver, sandbox: Sandbox, path: str, data: bytes, *, deadline: float | None = None) -> None:
+    _run(driver, sandbox, "put", normalize_path(path), stdin=data, limit=len(data), deadline=deadline)
 
 
 def file_get(driver: Driver, sandbox: Sandbox, path: str, *, max_bytes: int) -> bytes:

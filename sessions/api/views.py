@@ -1,4 +1,4 @@
-"""The agent-facing session API (DESIGN.md §3). Tenant API keys (scope `sessions`) create
+"""The agent-facing session API (docs/architecture.md, "API"). Tenant API keys (scope `sessions`) create
 sessions; the session token returned reaches that one session until it ends."""
 
 import functools

@@ -32,7 +32,7 @@ from sessions.runner import records
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import Chunk, Driver, ExitStatus, RuntimeUnavailable, Sandbox, SandboxError, Stats
 from sessions.runtimes.reaper import reap_orphans
-from sessions.workspace import WorkspaceError, checkout, file_get, file_put
+from sessions.workspace import WRITE_DEADLINE_S, WorkspaceError, checkout, file_get, file_put
 
 log = logging.getLogger("airlock.runner")
 MERGE_CHARS = 64 * 1024  # consecutive output of one stream is sent as one event up to this size
@@ -228,7 +228,11 @@ class Runner:
 
     async def _file(self, message: dict) -> dict:
         if message["type"] == "file.put":
-            work = lambda live: self.blocking(file_put, live.driver, live.sandbox, message["path"], message["data"])  # noqa: E731
+            # From now, not from when the job starts: a write queued behind a long command must
+            # still land before its caller stops waiting, or never.
+            deadline = time.time() + message.get("deadline_s", WRITE_DEADLINE_S)
+            work = lambda live: self.blocking(  # noqa: E731
+                lambda: file_put(live.driver, live.sandbox, message["path"], message["data"], deadline=deadline))
         else:
             work = lambda live: self.blocking(  # noqa: E731
                 lambda: file_get(live.driver, live.sandbox, message["path"], max_bytes=settings.AIRLOCK_MAX_FILE_BYTES))

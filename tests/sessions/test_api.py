@@ -1,12 +1,13 @@
-"""The agent-facing session API on real bubblewrap sandboxes (DESIGN.md §3)."""
+"""The agent-facing session API on real bubblewrap sandboxes (docs/architecture.md, "API")."""
 
+import os
 from pathlib import Path
 
 from controlplane.models import ApiKeyScope, AuditEvent
 from policies_app.models import DecisionRecord
 from sessions.models import CommandRun, Session
 from sessions.runtimes import get_driver
-from tests.sessions.conftest import publish
+from tests.sessions.conftest import POLICY, publish, run_on
 
 DECISION_FIELDS = {"id", "allowed", "effect", "reason_code", "rule_id", "message", "hint", "policy_version", "mode"}
 
@@ -84,7 +85,8 @@ def test_a_denied_command_gets_403_with_the_whole_decision(agent):
     decision = body["decision"]
     assert set(decision) == DECISION_FIELDS
     assert decision["reason_code"] == "bin_not_allowed" and decision["allowed"] is False
-    assert "`pytest`" in decision["hint"] and "a security admin can add `bash`" in decision["hint"]
+    assert "`pytest`" in decision["hint"] and '{"bin": "id", "args": []}' in decision["hint"]  # not "add `bash`"
+    assert "can add `bash`" not in decision["hint"]
     assert DecisionRecord.objects.get(pk=decision["id"]).session_id is not None
     assert not CommandRun.objects.filter(session_id=session["id"]).exists()
 
@@ -187,6 +189,93 @@ def test_the_workspace_quota_holds_for_files(agent):
     response = agent.put(session, "too-much.bin", b"\0" * (3 * 2**20))
     assert response.status_code == 507
     assert response.json()["error"] == "quota_exceeded"
+
+
+LIST_FILES = (b"import os\nfor root, dirs, files in os.walk('.'):\n"
+              b"    for name in files:\n        print(os.path.join(root, name))\n")
+
+
+def workspace_files(agent, session) -> set[str]:
+    """Every file in the workspace, hidden ones too, as the sandbox itself lists them."""
+    assert agent.put(session, "ls.py", LIST_FILES).status_code == 204
+    result = agent.run(session, "python3", "ls.py").json()
+    assert result["exit_code"] == 0, result
+    return set(result["output"].split()) - {"./ls.py"}
+
+
+def test_a_write_refused_for_quota_leaves_the_old_file_exactly_as_it_was(agent):
+    session = agent.open()  # disk_mb: 8
+    original = b"def test_keep():\n    assert True\n"
+    assert agent.put(session, "keep.py", original).status_code == 204
+    for filler in ("a.bin", "b.bin"):
+        assert agent.put(session, filler, b"\0" * (3 * 2**20)).status_code == 204
+    response = agent.put(session, "keep.py", b"# larger\n" * (400 * 1024))  # 3.6 MB: does not fit
+    assert response.status_code == 507, response.content
+    assert response.json()["error"] == "quota_exceeded"
+    assert agent.get(session, "keep.py").content == original
+    assert workspace_files(agent, session) == {"./keep.py", "./a.bin", "./b.bin"}  # no partial or hidden file
+    assert agent.run(session, "pytest", "keep.py").json()["exit_code"] == 0  # still the file it was
+
+
+def test_a_write_keeps_the_mode_of_the_file_it_replaces(agent):
+    session = agent.open()
+    agent.put(session, "run.py", b"print('v1')\n")
+    agent.put(session, "chmod.py", b"import os\nos.chmod('run.py', 0o750)\n")
+    assert agent.run(session, "python3", "chmod.py").json()["exit_code"] == 0
+    assert agent.put(session, "run.py", b"print('v2')\n").status_code == 204
+    agent.put(session, "mode.py", b"import os\nprint(oct(os.stat('run.py').st_mode & 0o777))\n")
+    assert agent.run(session, "python3", "mode.py").json()["output"].strip() == "0o750"
+    assert agent.get(session, "run.py").content == b"print('v2')\n"
+
+
+def test_a_fifo_in_the_workspace_is_neither_read_nor_replaced(agent):
+    session = agent.open()
+    agent.put(session, "fifo.py", b"import os\nos.mkfifo('pipe')\n")
+    assert agent.run(session, "python3", "fifo.py").json()["exit_code"] == 0
+    read = agent.get(session, "pipe")  # opening a FIFO would block until a writer came: it must not
+    assert read.status_code == 400 and read.json()["error"] == "permission_denied", read.content
+    write = agent.put(session, "pipe", b"data")
+    assert write.status_code == 400 and write.json()["error"] == "permission_denied", write.content
+
+
+def test_a_write_queued_past_its_deadline_never_lands(agent, runner):
+    """A write waiting behind a long command gives up at its deadline, and stays given up: the
+    command ending later does not let it land (the API's 504 means never)."""
+    session = agent.open()
+    agent.put(session, "keep.py", b"old\n")
+    agent.put(session, "wait.py", b"import time\ntime.sleep(3)\n")
+    assert agent.run(session, "python3", "wait.py", wait=False).status_code == 202
+    reply = run_on(runner, runner.handle({"type": "file.put", "session": session["id"], "path": "keep.py",
+                                          "data": b"new\n", "deadline_s": 1}), timeout=30)
+    assert reply["ok"] is False and reply["error"] == "runner_timeout", reply
+    assert agent.run(session, "sleep", "1").json()["exit_code"] == 0  # after wait.py, in the same queue
+    assert agent.get(session, "keep.py").content == b"old\n"
+    assert workspace_files(agent, session) == {"./keep.py", "./wait.py"}
+
+
+def test_a_policy_that_names_no_driver_runs_on_the_deployments_default(agent, settings):
+    settings.AIRLOCK_RUNTIME = "docker"  # the test policy has no runtime section
+    response = agent.client.post("/api/v1/sessions", {"conversation_id": "default-driver"},
+                                 content_type="application/json")
+    session = Session.objects.get(conversation_id="default-driver")
+    assert session.driver == "docker"
+    if response.status_code == 201:  # a Docker engine here: the session runs on it
+        assert response.json()["driver"] == "docker"
+        assert agent.run(response.json(), "printf", "on docker").json()["output"] == "on docker"
+        agent.as_session(response.json()).delete(f"/api/v1/sessions/{session.pk}")
+    else:  # none: refused, and the answer says which driver and who chose it
+        assert os.environ.get("AIRLOCK_REQUIRE_DOCKER") != "1", response.content
+        assert response.status_code == 503, response.content
+        detail = response.json()["detail"]
+        assert "docker driver" in detail and "AIRLOCK_RUNTIME" in detail, detail
+
+
+def test_a_policy_that_names_a_driver_runs_there_whatever_the_default(agent, acme, settings):
+    settings.AIRLOCK_RUNTIME = "docker"
+    publish(acme, POLICY + "runtime: {driver: bubblewrap}\n")
+    session = agent.open()
+    assert session["driver"] == "bubblewrap"
+    assert agent.run(session, "printf", "on bubblewrap").json()["output"] == "on bubblewrap"
 
 
 def test_ending_a_session_destroys_its_workspace_and_revokes_its_token(agent):
