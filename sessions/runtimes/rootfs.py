@@ -3,7 +3,11 @@
 The tree is cached under a directory named by the recipe's hash, so a changed recipe builds a
 new tree and an unchanged one is reused. Its digest is the SHA-256 of a deterministic tar of
 the tree: the same bytes `docker import` receives, so the digest bubblewrap reports equals the
-Docker image's layer id (`docker image inspect -f '{{.RootFS.Layers}}'`)."""
+Docker image's layer id (`docker image inspect -f '{{.RootFS.Layers}}'`).
+
+A build reports its progress as a phase and a fraction of the whole: debootstrap runs in its
+machine-readable mode (`--debian-installer`: P:/I:/E: records on descriptor 3), and each of its
+phases is weighted by the share of the build it took here (docs/architecture.md, "Root filesystem")."""
 
 import fcntl
 import hashlib
@@ -12,7 +16,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,6 +36,19 @@ RECIPE = {
     "prune": ["var/cache/apt/archives", "var/lib/apt/lists", "var/cache/debconf", "var/log"],
     "version": 1,
 }
+
+
+# debootstrap's phases in the order they run, each with its share of a whole build (measured:
+# 44 s of debootstrap, then ~2 s for the digest). A phase not listed keeps the bar where it is.
+PHASES = {
+    "DOWNREL": 1, "DOWNRELSIG": 1, "DOWNMAINPKGS": 0, "DOWNPKGS": 14, "SIZEDEBS": 1, "DOWNDEBS": 16,
+    "EXTRACTPKGS": 8, "INSTCORE": 4, "UNPACKREQ": 12, "CONFREQ": 21, "UNPACKBASE": 8, "CONFBASE": 8,
+}
+# The rest of 100 (6) is pruning the tree and computing its digest. Where each phase starts:
+PHASE_STARTS = {name: sum(list(PHASES.values())[:index]) for index, name in enumerate(PHASES)}
+
+# meter(fraction of the whole build in [0, 1], the phase in words)
+Meter = Callable[[float, str], None]
 
 
 @dataclass(frozen=True)
@@ -70,9 +87,10 @@ def require() -> RootFS:
     return rootfs
 
 
-def build(*, progress: Callable[[str], None] = print, force: bool = False) -> RootFS:
+def build(*, progress: Callable[[str], None] = print, force: bool = False, meter: Meter | None = None) -> RootFS:
     """Build (or reuse) the tree for the current recipe. Concurrent callers wait for one build;
-    reusing a tree needs neither debootstrap nor root."""
+    reusing a tree needs neither debootstrap nor root. `progress` gets lines of text (what
+    started, warnings, the result); `meter`, when given, the build's progress as it goes."""
     if not force and (existing := _reuse(progress)):
         return existing
     if shutil.which("debootstrap") is None:
@@ -86,7 +104,7 @@ def build(*, progress: Callable[[str], None] = print, force: bool = False) -> Ro
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not force and (existing := _reuse(progress)):  # another caller built it meanwhile
             return existing
-        return _build_locked(base, progress)
+        return _build_locked(base, progress, meter or (lambda fraction, phase: None))
 
 
 def _reuse(progress: Callable[[str], None]) -> RootFS | None:
@@ -96,31 +114,31 @@ def _reuse(progress: Callable[[str], None]) -> RootFS | None:
     return existing
 
 
-def _build_locked(base: Path, progress: Callable[[str], None]) -> RootFS:
+def _build_locked(base: Path, progress: Callable[[str], None], meter: Meter) -> RootFS:
     partial = base.with_name(base.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     tree = partial / "tree"
+    tree.mkdir(parents=True)
+    log_path = partial / "debootstrap.log"
     started = time.monotonic()
-    progress(f"debootstrap {RECIPE['variant']} {RECIPE['suite']} with {', '.join(RECIPE['packages'])} (~30 s)")
+    progress(f"debootstrap {RECIPE['variant']} {RECIPE['suite']} with {', '.join(RECIPE['packages'])} (~50 s)")
     command = [
-        "debootstrap", f"--variant={RECIPE['variant']}", f"--include={','.join(RECIPE['packages'])}",
-        RECIPE["suite"], str(tree), RECIPE["mirror"],
+        "debootstrap", "--debian-installer", f"--variant={RECIPE['variant']}",
+        f"--include={','.join(RECIPE['packages'])}", RECIPE["suite"], str(tree), RECIPE["mirror"],
     ]
-    said = "no error line"
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
-        for line in process.stdout:
-            if line.startswith(("I: Retrieving", "I: Configuring", "I: Extracting", "I: Base system")):
-                progress("  " + line.strip()[3:])
-            elif line.startswith(("E:", "W:")):  # debootstrap's errors and warnings, as it words them
-                progress("  " + line.strip())
-                said = line.strip()
-    if process.returncode != 0:
-        raise RuntimeUnavailable(f"debootstrap failed with exit code {process.returncode} ({said}); its full log "
-                                 f"is {tree / 'debootstrap' / 'debootstrap.log'}; check the mirror {RECIPE['mirror']} "
-                                 "is reachable, then run build_rootfs again")
+    records = DebootstrapRecords(meter)
+    returncode = _spawn_with_records(command, log_path, records.feed)
+    for warning in records.warnings:
+        progress(f"  debootstrap: {warning}")
+    if returncode != 0:
+        said = records.error or (records.warnings[-1] if records.warnings else "no error line")
+        raise RuntimeUnavailable(f"debootstrap failed with exit code {returncode} ({said}); its full log is "
+                                 f"{log_path}; check the mirror {RECIPE['mirror']} is reachable, then run "
+                                 "build_rootfs again")
+    meter(records.fraction, "Pruning caches and computing the digest of the tree")
     _finish_tree(tree)
-    progress("computing the digest of the tree")
     digest, size = _digest(tree)
+    meter(1.0, "Done")
     shutil.rmtree(base, ignore_errors=True)
     partial.rename(base)
     rootfs = RootFS(path=base / "tree", digest=digest, recipe_hash=base.name, size_bytes=size,
@@ -128,6 +146,77 @@ def _build_locked(base: Path, progress: Callable[[str], None]) -> RootFS:
     (base / "rootfs.json").write_text(json.dumps({**asdict(rootfs), "path": str(rootfs.path)}, indent=2))
     progress(f"root filesystem {digest} ({size / 2**20:.0f} MiB) built in {time.monotonic() - started:.0f} s")
     return rootfs
+
+
+class DebootstrapRecords:
+    """Reads debootstrap's machine-readable records (`P: now end [PHASE]`, `PF: text`; `I:`,
+    `W:`, `E:` with their `*A:` arguments and `*F:` printf format) into the build's progress,
+    its warnings and its error, worded as debootstrap words them."""
+
+    def __init__(self, meter: Meter):
+        self.meter = meter
+        self.fraction, self.phase, self.text = 0.0, "", "Starting debootstrap"
+        self.warnings: list[str] = []
+        self.error = ""
+        self._args: list[str] = []
+        self._step = (0, 1)
+
+    def feed(self, line: str) -> None:
+        tag, _, value = line.rstrip("\n").partition(": ")
+        if tag == "P":
+            fields = value.split()
+            if len(fields) < 2 or not (fields[0].isdigit() and fields[1].isdigit()):
+                return  # a record this reader does not know: the bar stays where it is
+            self._step = (int(fields[0]), max(int(fields[1]), 1))
+            if len(fields) > 2:  # a new phase: its words follow in `PF:`
+                self.phase = fields[2]
+            else:
+                self._advance()
+        elif tag in {"I", "W", "E"}:  # a message starts: its arguments follow
+            self._args = []
+        elif tag in {"IA", "WA", "EA", "PA"}:
+            self._args.append(value)
+        elif tag == "PF":
+            self.text = value
+            self._advance()
+        elif tag in {"WF", "EF"}:
+            message = _printf(value, self._args)
+            if tag == "WF":
+                self.warnings.append(message)
+            else:
+                self.error = message
+
+    def _advance(self) -> None:
+        if self.phase in PHASES:
+            now, end = self._step
+            fraction = (PHASE_STARTS[self.phase] + PHASES[self.phase] * min(now, end) / end) / 100
+            self.fraction = max(self.fraction, fraction)  # a phase repeats its last record: never go back
+        self.meter(self.fraction, self.text)
+
+
+def _printf(fmt: str, args: Iterable[str]) -> str:
+    """debootstrap's printf formats hold only %s."""
+    parts = fmt.split("%s")
+    values = list(args) + [""] * len(parts)
+    return "".join(part + (values[index] if index < len(parts) - 1 else "") for index, part in enumerate(parts))
+
+
+def _spawn_with_records(command: list[str], log_path: Path, on_record: Callable[[str], None]) -> int:
+    """Run `command` with its full output in `log_path` and descriptor 3 (where debootstrap's
+    --debian-installer mode writes its records) on a pipe read line by line; its exit code.
+    posix_spawn places the pipe at 3 without a shell or a pre-exec hook."""
+    read_end, write_end = os.pipe()
+    with open(log_path, "wb") as log, open(os.devnull, "rb") as null:
+        try:
+            pid = os.posix_spawnp(command[0], command, dict(os.environ, LC_ALL="C"), file_actions=[
+                (os.POSIX_SPAWN_DUP2, null.fileno(), 0), (os.POSIX_SPAWN_DUP2, log.fileno(), 1),
+                (os.POSIX_SPAWN_DUP2, log.fileno(), 2), (os.POSIX_SPAWN_DUP2, write_end, 3)])
+        finally:
+            os.close(write_end)
+    with os.fdopen(read_end, encoding="utf-8", errors="replace") as records:
+        for line in records:
+            on_record(line)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def _finish_tree(tree: Path) -> None:
