@@ -6,7 +6,7 @@ so a bad value stops start-up with an explanation instead of a traceback deep in
 
 import os
 import tempfile
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -56,6 +56,17 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
     return value
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`, matched without regard to case; unset or empty, the default."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    for choice in choices:
+        if raw.lower() == choice.lower():
+            return choice
+    raise ImproperlyConfigured(f"{name}={raw!r} is not one of {', '.join(choices)}")
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:
@@ -64,15 +75,13 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 def database_from_url(url: str, *, sqlite_default: str) -> dict:
-    """Django DATABASES['default'] from DATABASE_URL (postgres:// or sqlite:///path)."""
+    """Django DATABASES['default'] from DATABASE_URL: postgres://user:password@host:port/name, whose
+    query options (?sslmode=require) are libpq's, or sqlite:////absolute/path."""
     if not url:
         return _sqlite(sqlite_default)
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
-        path = unquote(parts.path)
-        if not path or path == "/":
-            raise ImproperlyConfigured("DATABASE_URL=sqlite:/// needs a file path, e.g. sqlite:////var/lib/airlock/db.sqlite3")
-        return _sqlite(path[1:] if path.startswith("//") else path)
+        return _sqlite(_sqlite_path(url, parts))
     if parts.scheme in {"postgres", "postgresql"}:
         name = unquote(parts.path.lstrip("/"))
         if not name:
@@ -88,12 +97,52 @@ def database_from_url(url: str, *, sqlite_default: str) -> dict:
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(port or ""),
+            "OPTIONS": _postgres_options(parts.query),
             "CONN_MAX_AGE": 60,
             "CONN_HEALTH_CHECKS": True,
         }
     raise ImproperlyConfigured(
-        f"DATABASE_URL scheme {parts.scheme!r} is not supported: use postgres:// or sqlite:///"
+        f"DATABASE_URL scheme {parts.scheme!r} is not supported: use postgres://user@host:5432/name or "
+        "sqlite:////absolute/path.sqlite3"
     )
+
+
+def _sqlite_path(url: str, parts) -> str:
+    example = "sqlite:////var/lib/airlock/db.sqlite3"
+    if parts.query or parts.fragment:
+        raise ImproperlyConfigured(f"DATABASE_URL: a sqlite URL takes no options (?{parts.query}); e.g. {example}")
+    if parts.netloc:
+        raise ImproperlyConfigured(f"DATABASE_URL: a sqlite URL has no host ({parts.netloc!r}); e.g. {example}")
+    path = unquote(parts.path)
+    if not path.startswith("//"):  # sqlite:///rel.db: relative to wherever the process happens to start
+        raise ImproperlyConfigured(f"DATABASE_URL={url} is not an absolute path; an absolute path takes four "
+                                   f"slashes, e.g. {example}")
+    if path.rstrip("/") == "":
+        raise ImproperlyConfigured(f"DATABASE_URL={url} needs a file path, e.g. {example}")
+    return path[1:]
+
+
+def _postgres_options(query: str) -> dict:
+    """?sslmode=require&connect_timeout=5: connection options, each one libpq knows."""
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True) if query else []
+    except ValueError:
+        raise ImproperlyConfigured("DATABASE_URL has options that are not name=value pairs") from None
+    options = dict(pairs)
+    if len(options) != len(pairs):  # (the values are not shown: one may be a password)
+        repeated = sorted({name for name, _ in pairs if sum(other == name for other, _ in pairs) > 1})
+        raise ImproperlyConfigured(f"DATABASE_URL repeats the option {', '.join(repeated)}")
+    try:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import make_conninfo
+    except ImportError:  # no driver: Django says so when it connects
+        return options
+    try:
+        make_conninfo("", **options)
+    except ProgrammingError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL: {str(exc).strip()} (options are libpq's: sslmode, connect_timeout, "
+                                   "application_name, …)") from None
+    return options
 
 
 def _sqlite(path: str) -> dict:
@@ -108,3 +157,30 @@ def _sqlite(path: str) -> dict:
         # write concurrently, and shared-cache memory databases fail such writers at once.
         "TEST": {"NAME": os.path.join(tempfile.gettempdir(), f"airlock-test-{os.getpid()}.sqlite3")},
     }
+
+
+def check_redis_url(url: str) -> str:
+    """REDIS_URL as redis-py reads it: redis://[:password@]host[:port][/db], rediss:// (TLS) or
+    unix:///path/to/socket. Refused here rather than at the first message sent."""
+    if not url:
+        return url
+    example = "e.g. redis://127.0.0.1:6379/0"
+    parts = urlsplit(url)
+    if parts.scheme not in {"redis", "rediss", "unix"}:
+        # (the value is not shown: it may hold a password)
+        raise ImproperlyConfigured(f"REDIS_URL is not a redis://, rediss:// or unix:// URL, {example}")
+    if parts.scheme == "unix":
+        if not parts.path.startswith("/"):
+            raise ImproperlyConfigured("REDIS_URL=unix:// needs the socket's absolute path, e.g. "
+                                       "unix:///run/redis/redis.sock")
+        return url
+    if not parts.hostname:
+        raise ImproperlyConfigured(f"REDIS_URL has no host, {example}")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ImproperlyConfigured(f"REDIS_URL has a port that is not a number, {example}") from None
+    database = parts.path.strip("/")
+    if database and not database.isdigit():
+        raise ImproperlyConfigured(f"REDIS_URL: the database after the host must be a number, {example}")
+    return url

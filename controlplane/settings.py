@@ -2,20 +2,37 @@
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.env import database_from_url, env_bool, env_float, env_int, env_list, env_str
+from controlplane.env import (
+    check_redis_url,
+    database_from_url,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(env_str("AIRLOCK_DATA_DIR", str(BASE_DIR / "var")))
+# `var/` of the checkout unless set; a relative value is taken from the working directory, once.
+DATA_DIR = Path(os.path.abspath(env_str("AIRLOCK_DATA_DIR") or BASE_DIR / "var"))
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY and (DATA_DIR / "secret_key").is_file():
     # `make run` keeps a generated key here (mode 600), so manage.py commands find it too.
-    SECRET_KEY = (DATA_DIR / "secret_key").read_text().strip()
+    try:
+        SECRET_KEY = (DATA_DIR / "secret_key").read_text().strip()
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{DATA_DIR / 'secret_key'} cannot be read: {exc.strerror}") from None
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+if not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS is set but empty; list the host names Airlock serves, or unset it "
+                               "for 127.0.0.1,localhost")
 
 if not DEBUG:
     if len(SECRET_KEY) < 50:
@@ -81,7 +98,7 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env_str("REDIS_URL")
+REDIS_URL = check_redis_url(env_str("REDIS_URL"))
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -89,7 +106,7 @@ if REDIS_URL:
             # redis-py 8 reads with a 5 s socket timeout by default, exactly channels-redis's BRPOP
             # wait: an idle receive would then fail with TimeoutError. Reads wait longer than that.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15, "health_check_interval": 30}],
-                       "prefix": env_str("AIRLOCK_CHANNEL_PREFIX", "airlock")},
+                       "prefix": env_str("AIRLOCK_CHANNEL_PREFIX") or "airlock"},
         }
     }
 else:
@@ -129,6 +146,11 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+for _origin in CSRF_TRUSTED_ORIGINS:
+    _parts = urlsplit(_origin)
+    if _parts.scheme not in {"http", "https"} or not _parts.netloc or _parts.path not in {"", "/"}:
+        raise ImproperlyConfigured(f"CSRF_TRUSTED_ORIGINS: {_origin!r} is not an origin; write its scheme and "
+                                   "host, e.g. https://airlock.example.com")
 if env_bool("AIRLOCK_BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
@@ -157,7 +179,7 @@ SPECTACULAR_SETTINGS = {
 # Sandboxes. Root keeps shared state under /var (the root filesystem is built once per machine);
 # anyone else keeps it in the data directory.
 _AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-AIRLOCK_RUNTIME = env_str("AIRLOCK_RUNTIME", "bubblewrap")
+AIRLOCK_RUNTIME = env_choice("AIRLOCK_RUNTIME", "bubblewrap", ("bubblewrap", "docker", "gvisor"))
 AIRLOCK_ROOTFS_DIR = env_str(
     "AIRLOCK_ROOTFS_DIR", "/var/cache/airlock/rootfs" if _AS_ROOT else str(DATA_DIR / "rootfs")
 )
@@ -176,6 +198,11 @@ if not AIRLOCK_EMBEDDED_RUNNER and not REDIS_URL:
     )
 AIRLOCK_RUNNER_HEARTBEAT_S = env_int("AIRLOCK_RUNNER_HEARTBEAT_S", 2, minimum=1)
 AIRLOCK_RUNNER_DEAD_AFTER_S = env_int("AIRLOCK_RUNNER_DEAD_AFTER_S", 15, minimum=2)
+if AIRLOCK_RUNNER_DEAD_AFTER_S <= AIRLOCK_RUNNER_HEARTBEAT_S:
+    raise ImproperlyConfigured(
+        f"AIRLOCK_RUNNER_DEAD_AFTER_S={AIRLOCK_RUNNER_DEAD_AFTER_S} is not longer than AIRLOCK_RUNNER_HEARTBEAT_S="
+        f"{AIRLOCK_RUNNER_HEARTBEAT_S}: every runner would be declared dead between two beats"
+    )
 AIRLOCK_RUNNER_REAP_INTERVAL_S = env_int("AIRLOCK_RUNNER_REAP_INTERVAL_S", 60, minimum=1)
 AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
 # Threads of the server for API requests that wait for a runner (a command with `wait`).
@@ -185,6 +212,11 @@ AIRLOCK_SESSION_IDLE_TIMEOUT_S = env_int("AIRLOCK_SESSION_IDLE_TIMEOUT_S", 900, 
 AIRLOCK_MAX_FILE_BYTES = env_int("AIRLOCK_MAX_FILE_BYTES", 4 * 2**20, minimum=1024)
 # Any request body (a workspace file, a policy, a form): longer ones get 413 before being read.
 AIRLOCK_MAX_REQUEST_BYTES = env_int("AIRLOCK_MAX_REQUEST_BYTES", AIRLOCK_MAX_FILE_BYTES + 2**20, minimum=65536)
+if AIRLOCK_MAX_REQUEST_BYTES < AIRLOCK_MAX_FILE_BYTES:
+    raise ImproperlyConfigured(
+        f"AIRLOCK_MAX_REQUEST_BYTES={AIRLOCK_MAX_REQUEST_BYTES} is below AIRLOCK_MAX_FILE_BYTES="
+        f"{AIRLOCK_MAX_FILE_BYTES}: a file of the allowed size could never be sent"
+    )
 # Local git repositories a session may start from: "acme:app=/srv/app" for tenant acme's sessions
 # only; "docs=/srv/docs", with no tenant, for every tenant's.
 AIRLOCK_WORKSPACE_REPOS = [item.partition("=")[::2] for item in env_list("AIRLOCK_WORKSPACE_REPOS", [])]
@@ -193,6 +225,9 @@ for _name, _path in AIRLOCK_WORKSPACE_REPOS:
         raise ImproperlyConfigured(f"AIRLOCK_WORKSPACE_REPOS: {_name}={_path} is not [tenant:]name=/absolute/path")
 # Values redacted from everything stored, streamed or logged, beside the credential shapes.
 AIRLOCK_REDACT_VALUES = env_list("AIRLOCK_REDACT_VALUES", [])
+if any(len(value) < 6 for value in AIRLOCK_REDACT_VALUES):  # redaction skips them (controlplane/redaction.py)
+    raise ImproperlyConfigured("AIRLOCK_REDACT_VALUES holds a value shorter than 6 characters, which would match by "
+                               "chance and is never redacted; list only the secrets themselves")
 
 # Decisions older than this are deleted by `manage.py prune_decisions` (run it daily).
 AIRLOCK_DECISION_RETENTION_DAYS = env_int("AIRLOCK_DECISION_RETENTION_DAYS", 90, minimum=1)
@@ -213,11 +248,23 @@ if AIRLOCK_METRICS_TOKEN and len(AIRLOCK_METRICS_TOKEN) < 24:
 # How often an API key's last-used time is written: once per key per this many seconds.
 AIRLOCK_KEY_TOUCH_INTERVAL_S = env_int("AIRLOCK_KEY_TOUCH_INTERVAL_S", 60)
 
+# One level for everything, Django's own loggers included (Django keeps `django` at INFO otherwise).
+LOG_LEVEL = env_choice("AIRLOCK_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "filters": {"redact": {"()": "controlplane.redaction.RedactingFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
-    "root": {"handlers": ["console"], "level": env_str("AIRLOCK_LOG_LEVEL", "INFO").upper()},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    # Reconfigured, `django` loses its own handlers too: its records reach the console once, via the root.
+    "loggers": {"django": {"level": LOG_LEVEL}},
 }
+
+# Last, once the configuration holds: the data directory exists (sandboxes, uid 65534, traverse it).
+if not DATA_DIR.is_dir():
+    try:
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        DATA_DIR.chmod(0o711)
+    except OSError as exc:
+        raise ImproperlyConfigured(f"AIRLOCK_DATA_DIR={DATA_DIR} cannot be created: {exc.strerror}") from None

@@ -14,9 +14,16 @@ target=.
 [ "$extra" = dev ] && target=".[dev]"
 stamp=".venv/.airlock-installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)-${extra:-base}"
 if [ ! -f "$stamp" ] && [ ! -f "${stamp%-base}-dev" ]; then
-  say "Installing Python packages into .venv (pinned in pyproject.toml and constraints.txt)"
-  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar on -q --upgrade pip
-  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar on -c constraints.txt -e "$target"
-  rm -f .venv/.airlock-installed-*
+  say "Installing Python packages into .venv (pinned in pyproject.toml and constraints.txt; ~1 min the first time)"
+  started=$SECONDS
+  log=$(mktemp /tmp/airlock-pip.XXXXXX.log)
+  if ! { .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade pip &&
+         .venv/bin/python -m pip install --disable-pip-version-check -c constraints.txt -e "$target"; } >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    echo "airlock: installing the Python packages failed (pip's whole output: $log)" >&2
+    exit 1
+  fi
+  echo "    installed in $((SECONDS - started)) s"
+  rm -f "$log" .venv/.airlock-installed-*
   touch "$stamp"
 fi

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,29 +19,64 @@ def start(env: dict, *command: str) -> subprocess.CompletedProcess:
         if key not in {"DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL"}
     }
     # An empty data directory: no secret_key file left there by `make run` may stand in.
-    base["AIRLOCK_DATA_DIR"] = "/nonexistent/airlock-test"
-    return subprocess.run(
-        [sys.executable, *command],
-        cwd=ROOT,
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    with tempfile.TemporaryDirectory(prefix="airlock-settings-") as data:
+        return subprocess.run(
+            [sys.executable, *command],
+            cwd=ROOT,
+            env={**base, "AIRLOCK_DATA_DIR": data, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+
+def refused(env: dict, explanation: str, name: str):
+    """A case where everything is good but `env`."""
+    return pytest.param({"SECRET_KEY": GOOD_KEY, **env}, explanation, id=name)
 
 
 @pytest.mark.parametrize(
     ("env", "explanation"),
     [
-        ({}, "SECRET_KEY is missing or shorter than 50 characters while DEBUG is off"),
-        ({"SECRET_KEY": "short"}, "SECRET_KEY is missing or shorter than 50 characters while DEBUG is off"),
-        ({"SECRET_KEY": GOOD_KEY, "ALLOWED_HOSTS": "*"}, "ALLOWED_HOSTS contains a wildcard while DEBUG is off"),
-        ({"DEBUG": "maybe"}, "DEBUG='maybe' is not a boolean"),
-        ({"SECRET_KEY": GOOD_KEY, "DATABASE_URL": "mysql://x/y"}, "DATABASE_URL scheme 'mysql' is not supported"),
-        (
-            {"SECRET_KEY": GOOD_KEY, "AIRLOCK_KEY_TOUCH_INTERVAL_S": "soon"},
-            "AIRLOCK_KEY_TOUCH_INTERVAL_S='soon' is not an integer",
-        ),
+        pytest.param({}, "SECRET_KEY is missing or shorter than 50 characters while DEBUG is off", id="no-key"),
+        refused({"SECRET_KEY": "short"}, "SECRET_KEY is missing or shorter than 50 characters while DEBUG is off",
+                "short-key"),
+        refused({"ALLOWED_HOSTS": "*"}, "ALLOWED_HOSTS contains a wildcard while DEBUG is off", "wildcard-host"),
+        refused({"ALLOWED_HOSTS": " , "}, "ALLOWED_HOSTS is set but empty", "no-host"),
+        refused({"DEBUG": "maybe"}, "DEBUG='maybe' is not a boolean", "debug-not-boolean"),
+        refused({"DATABASE_URL": "mysql://x/y"}, "DATABASE_URL scheme 'mysql' is not supported", "database-mysql"),
+        refused({"DATABASE_URL": "sqlite:///relative.sqlite3"},
+                "DATABASE_URL=sqlite:///relative.sqlite3 is not an absolute path; an absolute path takes four slashes",
+                "database-sqlite-relative"),
+        refused({"DATABASE_URL": "sqlite:////tmp/x.sqlite3?mode=ro"}, "a sqlite URL takes no options",
+                "database-sqlite-options"),
+        refused({"DATABASE_URL": "postgres://airlock:pw@127.0.0.1/airlock?sslmod=require"},
+                'DATABASE_URL: invalid connection option "sslmod"', "database-postgres-unknown-option"),
+        refused({"REDIS_URL": "localhost:6379"}, "REDIS_URL is not a redis://, rediss:// or unix:// URL",
+                "redis-no-scheme"),
+        refused({"REDIS_URL": "redis://127.0.0.1:63x9/0"}, "REDIS_URL has a port that is not a number", "redis-port"),
+        refused({"AIRLOCK_DATA_DIR": "/dev/null/airlock"}, "AIRLOCK_DATA_DIR=/dev/null/airlock cannot be created",
+                "data-dir-impossible"),
+        refused({"CSRF_TRUSTED_ORIGINS": "airlock.example.com"},
+                "CSRF_TRUSTED_ORIGINS: 'airlock.example.com' is not an origin; write its scheme and host",
+                "csrf-origin-without-scheme"),
+        refused({"AIRLOCK_KEY_TOUCH_INTERVAL_S": "soon"}, "AIRLOCK_KEY_TOUCH_INTERVAL_S='soon' is not an integer",
+                "touch-interval-not-integer"),
+        refused({"AIRLOCK_LOG_LEVEL": "loud"},
+                "AIRLOCK_LOG_LEVEL='loud' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL", "log-level"),
+        refused({"AIRLOCK_RUNTIME": "bogus"}, "AIRLOCK_RUNTIME='bogus' is not one of bubblewrap, docker, gvisor",
+                "runtime"),
+        refused({"AIRLOCK_RUNNER_HEARTBEAT_S": "5", "AIRLOCK_RUNNER_DEAD_AFTER_S": "5"},
+                "AIRLOCK_RUNNER_DEAD_AFTER_S=5 is not longer than AIRLOCK_RUNNER_HEARTBEAT_S=5",
+                "dead-after-heartbeat"),
+        refused({"AIRLOCK_EMBEDDED_RUNNER": "0"}, "AIRLOCK_EMBEDDED_RUNNER is off but REDIS_URL is unset",
+                "separate-runners-without-redis"),
+        refused({"AIRLOCK_MAX_FILE_BYTES": "200000", "AIRLOCK_MAX_REQUEST_BYTES": "100000"},
+                "AIRLOCK_MAX_REQUEST_BYTES=100000 is below AIRLOCK_MAX_FILE_BYTES=200000", "request-below-file"),
+        refused({"AIRLOCK_REDACT_VALUES": "a-long-secret-value,abc"},
+                "AIRLOCK_REDACT_VALUES holds a value shorter than 6 characters", "redact-value-too-short"),
+        refused({"AIRLOCK_METRICS_TOKEN": "t" * 23}, "AIRLOCK_METRICS_TOKEN is shorter than 24 characters",
+                "metrics-token-short"),
     ],
 )
 def test_a_bad_environment_stops_manage_py_with_one_line(env, explanation):

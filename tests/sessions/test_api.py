@@ -203,7 +203,7 @@ def workspace_files(agent, session) -> set[str]:
     return set(result["output"].split()) - {"./ls.py"}
 
 
-def test_a_write_refused_for_quota_leaves_the_old_file_exactly_as_it_was(agent):
+def test_a_write_refused_for_quota_or_size_leaves_the_old_file_exactly_as_it_was(agent, settings):
     session = agent.open()  # disk_mb: 8
     original = b"def test_keep():\n    assert True\n"
     assert agent.put(session, "keep.py", original).status_code == 204
@@ -213,6 +213,8 @@ def test_a_write_refused_for_quota_leaves_the_old_file_exactly_as_it_was(agent):
     assert response.status_code == 507, response.content
     assert response.json()["error"] == "quota_exceeded"
     assert agent.get(session, "keep.py").content == original
+    too_large = agent.put(session, "keep.py", b"#" * (settings.AIRLOCK_MAX_FILE_BYTES + 1))
+    assert too_large.status_code == 413 and agent.get(session, "keep.py").content == original
     assert workspace_files(agent, session) == {"./keep.py", "./a.bin", "./b.bin"}  # no partial or hidden file
     assert agent.run(session, "pytest", "keep.py").json()["exit_code"] == 0  # still the file it was
 

@@ -16,7 +16,8 @@ class Command(BaseCommand):
         parser.add_argument("--days", type=int, help="override the retention setting")
 
     def handle(self, *args, days=None, **options):
-        days = days or settings.AIRLOCK_DECISION_RETENTION_DAYS
+        if days is None:  # an explicit --days 0 is refused below, not taken for "unset"
+            days = settings.AIRLOCK_DECISION_RETENTION_DAYS
         if days < 1:
             raise CommandError("--days must be at least 1")
         # Whole days: the decision log and its rollups (daily by then) keep the same period.

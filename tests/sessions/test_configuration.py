@@ -1,0 +1,381 @@
+"""The configuration table (README.md) seen where it acts: a real server started with a
+non-default environment (settings read once, at import), and the runner in-process with
+settings changed before it starts (those it reads as it goes)."""
+
+import http.client
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from http.cookies import SimpleCookie
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+from django.utils import timezone
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from controlplane.models import ApiKeyScope
+from sessions.models import Runner
+from sessions.runtimes import get_driver, rootfs
+from sessions.runtimes.base import Limits, SandboxSpec
+from tests.browser.conftest import _free_port
+from tests.http import call_api
+from tests.sessions.conftest import Agent, running_runner
+from tests.sessions.test_cluster import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.2"  # loopback, but not the default 127.0.0.1: AIRLOCK_HOST is seen to matter
+TABLE = {"DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "DATABASE_URL", "REDIS_URL", "DOCKER_HOST"}
+SECRETS = ("swordfish-0451", "tuna-salad-9981")
+GLOBEX = """
+from controlplane import services
+from controlplane.management.commands.demo_setup import DEMO_POLICY
+from controlplane.models import ApiKeyScope
+from policies_app import services as policies
+tenant = services.tenant_create(slug="globex", name="Globex")
+policy = policies.policy_create(tenant=tenant, name="default", actor=None)
+policies.version_publish(version=policies.version_create(policy=policy, source=DEMO_POLICY, actor=None),
+                         actor=None, note="test")
+print(services.api_key_create(tenant=tenant, name="agent", scopes=[ApiKeyScope.SESSIONS], actor=None).key)
+"""
+
+
+def _git_repository(path: Path, files: dict) -> Path:
+    path.mkdir(parents=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "init"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(path), *args],
+                       check=True, capture_output=True)
+    return path
+
+
+def _manage(env: dict, *args: str) -> str:
+    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@dataclass
+class Deployment:
+    port: int
+    base: Path
+    data: Path
+    database: Path
+    log: Path
+    printed: str  # what demo_setup printed
+    key: str  # the demo tenant's API key
+    globex_key: str
+    password: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def http(self, method: str, path: str, *, host: str | None = None, body: bytes | None = None,
+             headers: dict | None = None) -> tuple[int, list[str], str]:
+        """(status, Set-Cookie headers, body), with the Host header of our choosing."""
+        connection = http.client.HTTPConnection(HOST, self.port, timeout=30)
+        try:
+            connection.request(method, path, body=body, headers={"Host": host or f"{HOST}:{self.port}",
+                                                                 **(headers or {})})
+            response = connection.getresponse()
+            return response.status, response.headers.get_all("Set-Cookie") or [], response.read().decode()
+        finally:
+            connection.close()
+
+    def login_form(self) -> tuple[str, str]:
+        """(the csrftoken cookie, the form's token) of a fresh login page."""
+        status, cookies, page = self.http("GET", "/login/")
+        assert status == 200
+        return (_cookie(cookies, "csrftoken").value,
+                re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1))
+
+    def log_in(self, password: str, **headers: str) -> tuple[int, list[str]]:
+        cookie, token = self.login_form()
+        form = urllib.parse.urlencode({"username": "admin", "password": password, "csrfmiddlewaretoken": token})
+        status, cookies, _ = self.http("POST", "/login/", body=form.encode(), headers={
+            "Content-Type": "application/x-www-form-urlencoded", "Cookie": f"csrftoken={cookie}", **headers})
+        return status, cookies
+
+    def open(self, key: str | None = None, **body) -> dict:
+        status, session = call_api(self.url, "POST", "/api/v1/sessions", bearer=key or self.key,
+                                   body={"conversation_id": "configuration", **body})
+        assert status == 201, session
+        return session
+
+    def put(self, session: dict, path: str, data: bytes) -> tuple[int, object]:
+        return call_api(self.url, "PUT", f"/api/v1/sessions/{session['id']}/files/{path}", bearer=session["token"],
+                        raw=data)
+
+    def get(self, session: dict, path: str) -> tuple[int, str]:
+        """(status, the file's text, or the error as JSON text)."""
+        status, _, body = self.http("GET", f"/api/v1/sessions/{session['id']}/files/{path}",
+                                    headers={"Authorization": f"Bearer {session['token']}"})
+        return status, body
+
+    def run(self, session: dict, *argv: str) -> tuple[int, dict]:
+        return call_api(self.url, "POST", f"/api/v1/sessions/{session['id']}/commands", bearer=session["token"],
+                        body={"bin": argv[0], "args": list(argv[1:]), "wait": True})
+
+
+def _cookie(headers: list[str], name: str):
+    for header in headers:
+        jar = SimpleCookie()
+        jar.load(header)
+        if name in jar:
+            return jar[name]
+    raise AssertionError(f"no {name} cookie among {headers}")
+
+
+def _wait_until_listening(port: int, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited: {log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("the server did not start listening")
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    base = Path(tempfile.mkdtemp(prefix="airlock-configuration-"))
+    base.chmod(0o711)  # sandboxes (uid 65534) traverse it to their workspace
+    data, database = base / "data", base / "db" / "airlock.sqlite3"  # the data directory does not exist yet
+    database.parent.mkdir()
+    app = _git_repository(base / "repos" / "app", {"app.py": "APP = 'demo only'\n"})
+    docs = _git_repository(base / "repos" / "docs", {"README.md": "shared with every tenant\n"})
+    port = _free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in TABLE and not k.startswith("AIRLOCK_")},
+        "SECRET_KEY": "configuration-test-secret-key-" + "x" * 40,
+        "AIRLOCK_DATA_DIR": str(data), "DATABASE_URL": f"sqlite:///{database}",
+        "AIRLOCK_SANDBOX_DIR": str(data / "sandboxes"), "AIRLOCK_ROOTFS_DIR": str(django_settings.AIRLOCK_ROOTFS_DIR),
+        "AIRLOCK_HOST": HOST, "AIRLOCK_PORT": str(port),
+        "ALLOWED_HOSTS": f"{HOST},airlock.internal", "CSRF_TRUSTED_ORIGINS": "https://airlock.example.com",
+        "AIRLOCK_SECURE_COOKIES": "false", "AIRLOCK_BEHIND_TLS_PROXY": "true", "AIRLOCK_SESSION_COOKIE_AGE_S": "120",
+        "AIRLOCK_MAX_FILE_BYTES": "2048", "AIRLOCK_MAX_REQUEST_BYTES": "65536", "AIRLOCK_API_THREADS": "2",
+        "AIRLOCK_WORKSPACE_REPOS": f" demo:app={app} , docs={docs} ", "AIRLOCK_REDACT_VALUES": " , ".join(SECRETS),
+    }
+    log = base / "server.log"
+    server = None
+    try:
+        _manage(env, "migrate", "--no-input", "-v", "0")
+        printed = _manage(env, "demo_setup")
+        globex_key = _manage(env, "shell", "--no-imports", "-c", GLOBEX).strip().splitlines()[-1]
+        with log.open("ab") as out:
+            server = subprocess.Popen([sys.executable, "-m", "controlplane.serve", "-b", HOST, "-p", str(port),
+                                       "controlplane.asgi:application"], cwd=ROOT, env=env, stdout=out,
+                                      stderr=subprocess.STDOUT)
+        _wait_until_listening(port, server, log)
+        yield Deployment(port=port, base=base, data=data, database=database, log=log, printed=printed,
+                         key=re.search(r"alk_\S+", printed).group(0), globex_key=globex_key,
+                         password=re.search(r"password: (\S+)", printed).group(1))
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(10)
+        if log.exists():
+            print(f"--- server.log\n{log.read_text(errors='replace')[-4000:]}")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- the server, as the environment configures it --------------------------------------------
+
+def test_a_missing_data_directory_is_created_and_database_url_places_the_database(deployment):
+    assert deployment.data.is_dir() and stat.S_IMODE(deployment.data.stat().st_mode) == 0o711
+    assert not (deployment.data / "airlock.sqlite3").exists()  # DATABASE_URL's path instead
+    with sqlite3.connect(deployment.database) as db:
+        assert db.execute("SELECT slug FROM controlplane_tenant ORDER BY slug").fetchall() == [("demo",), ("globex",)]
+
+
+def test_demo_setup_prints_the_address_airlock_host_and_port_serve(deployment):
+    assert f"Dashboard  {deployment.url}/" in deployment.printed
+    curl = re.search(r"curl -H 'Authorization: Bearer (\S+)' (\S+)/api/v1/whoami", deployment.printed)
+    status, body = call_api(curl.group(2), "GET", "/api/v1/whoami", bearer=curl.group(1))
+    assert status == 200 and body["tenant"]["slug"] == "demo"
+
+
+def test_allowed_hosts_are_the_only_host_names_and_websocket_origins_served(deployment):
+    assert deployment.http("GET", "/login/", host="airlock.internal")[0] == 200
+    assert deployment.http("GET", "/login/", host="127.0.0.1")[0] == 400  # a default, replaced
+    url = f"ws://{HOST}:{deployment.port}/ws/t/demo/sessions/"
+    with connect(url, origin="http://airlock.internal", open_timeout=10):
+        pass  # the handshake passed (the consumer then closes it: nobody is signed in)
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, origin="http://localhost", open_timeout=10)
+    assert refused.value.response.status_code == 403
+
+
+def test_airlock_secure_cookies_and_session_cookie_age_s_shape_the_login_cookies(deployment):
+    status, cookies, _ = deployment.http("GET", "/login/")
+    assert not _cookie(cookies, "csrftoken")["secure"]
+    status, cookies = deployment.log_in(deployment.password)
+    assert status == 302
+    session = _cookie(cookies, "sessionid")
+    assert session["max-age"] == "120" and not session["secure"]
+
+
+def test_csrf_trusted_origins_lets_a_proxy_on_another_origin_post_forms(deployment):
+    assert deployment.log_in("wrong", Origin="https://airlock.example.com")[0] == 200  # the form, not a 403
+    assert deployment.log_in("wrong", Origin="https://elsewhere.example.com")[0] == 403
+
+
+def test_airlock_behind_tls_proxy_trusts_x_forwarded_proto(deployment):
+    origin = f"https://{HOST}:{deployment.port}"
+    assert deployment.log_in("wrong", Origin=origin, **{"X-Forwarded-Proto": "https"})[0] == 200
+    assert deployment.log_in("wrong", Origin=origin)[0] == 403  # plain HTTP from an https:// page: foreign
+
+
+def test_without_airlock_static_root_the_server_serves_the_static_files_itself(deployment):
+    status, _, body = deployment.http("GET", "/static/favicon.svg")
+    assert status == 200 and body == (ROOT / "static" / "favicon.svg").read_text()
+
+
+def test_airlock_max_request_bytes_refuses_a_longer_body_before_reading_it(deployment):
+    status, _, body = deployment.http("POST", "/login/", body=b"x" * 65537)
+    assert status == 413 and '"request_too_large"' in body and "65536 bytes" in body
+    assert deployment.http("POST", "/login/", body=b"x" * 65536)[0] == 403  # read: CSRF refuses it
+
+
+def test_airlock_max_file_bytes_bounds_the_files_written_and_read(deployment, sandboxes):
+    session = deployment.open()
+    status, body = deployment.put(session, "big.bin", b"x" * 2049)
+    assert status == 413 and body["error"] == "file_too_large"
+    assert deployment.put(session, "fits.bin", b"x" * 2048)[0] == 204
+    assert deployment.put(session, "grow.py", b"open('grown.txt', 'w').write('x' * 3000)\n")[0] == 204
+    assert deployment.run(session, "python3", "grow.py")[1]["exit_code"] == 0
+    status, body = deployment.get(session, "grown.txt")
+    assert status == 413 and json.loads(body)["error"] == "file_too_large"
+
+
+def test_airlock_api_threads_bounds_the_api_calls_that_wait_for_a_runner(deployment, sandboxes):
+    sessions = [deployment.open(), deployment.open()]
+    for session in sessions:
+        assert deployment.put(session, "nap.py", b"import time\ntime.sleep(3)\n")[0] == 204
+    results = []
+    waiting = [threading.Thread(target=lambda s=s: results.append(deployment.run(s, "python3", "nap.py")))
+               for s in sessions]
+    for thread in waiting:
+        thread.start()
+    time.sleep(0.8)  # both calls wait for their command, on the server's two API threads
+    started = time.monotonic()
+    assert call_api(deployment.url, "GET", "/api/v1/whoami", bearer=deployment.key)[0] == 200
+    answered_at_once = time.monotonic() - started
+    started = time.monotonic()
+    assert call_api(deployment.url, "GET", f"/api/v1/sessions/{sessions[0]['id']}", bearer=deployment.key)[0] == 200
+    queued = time.monotonic() - started
+    for thread in waiting:
+        thread.join(30)
+    assert [status for status, _ in results] == [200, 200] and all(r["exit_code"] == 0 for _, r in results)
+    assert answered_at_once < 1.0  # not an API call that waits for a runner
+    assert queued > 1.2, f"a third call that waits for a runner was answered in {queued:.2f} s"
+
+
+def test_airlock_workspace_repos_gives_a_tenant_its_own_and_every_tenant_the_shared(deployment, sandboxes):
+    own = deployment.open(workspace={"repo": "app"})
+    assert deployment.get(own, "app.py") == (200, "APP = 'demo only'\n")
+    shared = deployment.open(deployment.globex_key, workspace={"repo": "docs"})
+    assert deployment.get(shared, "README.md") == (200, "shared with every tenant\n")
+    status, refused = call_api(deployment.url, "POST", "/api/v1/sessions", bearer=deployment.globex_key,
+                               body={"conversation_id": "c", "workspace": {"repo": "app"}})
+    assert status == 400 and "not an allowlisted repository" in refused["detail"]
+
+
+def test_airlock_redact_values_never_reach_command_output_or_the_access_log(deployment, sandboxes):
+    session = deployment.open()
+    assert deployment.put(session, "say.py", f"print('{SECRETS[0]} and {SECRETS[1]}')\n".encode())[0] == 204
+    status, command = deployment.run(session, "python3", "say.py")
+    assert status == 200 and command["output"].strip() == "[redacted] and [redacted]"
+    deployment.get(session, SECRETS[1])  # a secret in a request's path
+    wait_until(lambda: "/files/[redacted]" in deployment.log.read_text(), what="the access-log line")
+    assert not any(secret in deployment.log.read_text() for secret in SECRETS)
+
+
+# -- the runner, in-process --------------------------------------------------------------------
+
+def test_runners_beat_every_heartbeat_s_and_one_silent_for_dead_after_s_is_declared_dead(transactional_db,
+                                                                                           settings):
+    settings.AIRLOCK_RUNNER_HEARTBEAT_S, settings.AIRLOCK_RUNNER_DEAD_AFTER_S = 1, 3
+    last_beat = timezone.now() - timedelta(seconds=2)
+    Runner.objects.create(id="silent", hostname="elsewhere", pid=1, heartbeat_at=last_beat)
+    with running_runner() as runner:
+        beats, deadline = set(), time.monotonic() + 3.5
+        while time.monotonic() < deadline:
+            beats.add(Runner.objects.get(pk=runner.id).heartbeat_at)
+            time.sleep(0.05)
+        silent = Runner.objects.get(pk="silent")
+    beats = sorted(beats)
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(beats)]
+    assert len(beats) >= 3 and max(gaps) < 1.6, gaps  # the default would beat every 2 s
+    assert silent.stop_reason == "stopped answering (no heartbeat)"
+    assert (silent.stopped_at - last_beat).total_seconds() >= 3  # not before it was silent that long
+
+
+def test_airlock_runner_reap_interval_s_is_how_often_orphan_sandboxes_are_destroyed(agent, settings):
+    settings.AIRLOCK_RUNNER_HEARTBEAT_S, settings.AIRLOCK_RUNNER_REAP_INTERVAL_S = 1, 1
+    session = agent.open()
+    assert agent.as_session(session).delete(f"/api/v1/sessions/{session['id']}").status_code == 200
+    driver = get_driver("bubblewrap")
+    # A sandbox of that ended session that nobody destroyed (a crash between the two).
+    orphan = driver.create(SandboxSpec(tenant="acme", session_id=session["id"], limits=Limits(command_timeout_s=20)))
+    try:
+        assert session["id"] in driver.list_sandboxes()
+        wait_until(lambda: session["id"] not in driver.list_sandboxes(), timeout_s=6, what="the orphan to be reaped")
+    finally:
+        if session["id"] in driver.list_sandboxes():
+            driver.destroy(orphan)
+
+
+def test_airlock_runner_threads_bounds_the_commands_that_run_at_once(transactional_db, sandboxes, acme, acme_policy,
+                                                                      make_key, api, settings):
+    settings.AIRLOCK_RUNNER_THREADS = 4  # read when the runner starts
+    with running_runner():
+        agent = Agent(api, make_key(acme, scopes=[ApiKeyScope.SESSIONS]).key)
+        sessions = [agent.open() for _ in range(5)]
+        commands = [(session, agent.run(session, "sleep", "2", wait=False).json()) for session in sessions]
+
+        def finished():
+            found = [agent.as_session(s).get(f"/api/v1/sessions/{s['id']}/commands/{c['id']}").json()
+                     for s, c in commands]
+            return found if all(command["state"] == "exited" for command in found) else None
+
+        done = wait_until(finished, timeout_s=30, what="the five commands")
+    # Time between being marked running and ending, beyond the command's own run: the wait for a thread.
+    waited = sorted((datetime.fromisoformat(c["ended_at"]) - datetime.fromisoformat(c["started_at"]))
+                    .total_seconds() - c["duration_ms"] / 1000 for c in done)
+    assert waited[3] < 1.0 and waited[4] > 1.2, waited  # four ran at once; the fifth waited for one of them
+
+
+def test_airlock_rootfs_dir_is_where_sandboxes_find_their_root_filesystem(agent, settings, tmp_path):
+    built, cache = rootfs.current(), rootfs.cache_dir()
+    settings.AIRLOCK_ROOTFS_DIR = str(tmp_path)  # an empty cache
+    refused = agent.client.post("/api/v1/sessions", {"conversation_id": "c"}, content_type="application/json")
+    assert refused.status_code == 503 and "root filesystem is not built" in refused.json()["detail"]
+    (tmp_path / built.recipe_hash).mkdir()  # the current recipe's entry, naming the tree built before
+    shutil.copy(cache / built.recipe_hash / "rootfs.json", tmp_path / built.recipe_hash / "rootfs.json")
+    assert agent.open()["state"] == "ready"
