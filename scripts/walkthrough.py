@@ -193,7 +193,7 @@ def main() -> int:
         print(f"walkthrough: make run served after {served:.0f} s")
         if options.fresh_rootfs:
             shown = log.read_text(errors="replace")
-            built = re.search(r"root filesystem \S+ \(\d+ MiB\) built in (\d+) s", shown)
+            built = re.search(r"root filesystem built in (\d+) s", shown)
             if "100%" not in shown or built is None:
                 raise StepFailed(f"make run did not show the root filesystem's build and its time:\n{tail(log)}")
             print(f"walkthrough: make run built the root filesystem in {built.group(1)} s")

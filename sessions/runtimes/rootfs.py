@@ -121,7 +121,7 @@ def _build_locked(base: Path, progress: Callable[[str], None], meter: Meter) -> 
     tree.mkdir(parents=True)
     log_path = partial / "debootstrap.log"
     started = time.monotonic()
-    progress(f"debootstrap {RECIPE['variant']} {RECIPE['suite']} with {', '.join(RECIPE['packages'])} (~50 s)")
+    progress(f"debootstrap {RECIPE['variant']} {RECIPE['suite']} with {', '.join(RECIPE['packages'])} (~45 s)")
     command = [
         "debootstrap", "--debian-installer", f"--variant={RECIPE['variant']}",
         f"--include={','.join(RECIPE['packages'])}", RECIPE["suite"], str(tree), RECIPE["mirror"],
@@ -144,7 +144,7 @@ def _build_locked(base: Path, progress: Callable[[str], None], meter: Meter) -> 
     rootfs = RootFS(path=base / "tree", digest=digest, recipe_hash=base.name, size_bytes=size,
                     built_at=time.time())
     (base / "rootfs.json").write_text(json.dumps({**asdict(rootfs), "path": str(rootfs.path)}, indent=2))
-    progress(f"root filesystem {digest} ({size / 2**20:.0f} MiB) built in {time.monotonic() - started:.0f} s")
+    progress(f"root filesystem built in {time.monotonic() - started:.0f} s ({size / 2**20:.0f} MiB)")
     return rootfs
 
 
