@@ -169,7 +169,7 @@ def _check_exec(compiled: CompiledPolicy, request: ExecRequest,
     if not rules:
         refusal = compiled.unknown_bins.get(request.bin)
         if refusal is None:
-            refusal = _bin_not_allowed(compiled, request)
+            refusal = _bin_not_allowed(compiled, request, at)
             # A program that runs code is answered from its arguments (what it would run instead).
             if len(compiled.unknown_bins) < UNKNOWN_BINS_KEPT and lint.runs_any_code(request.bin) is None:
                 compiled.unknown_bins[request.bin] = refusal
@@ -192,9 +192,9 @@ def _check_exec(compiled: CompiledPolicy, request: ExecRequest,
     return first_refusal, None
 
 
-def _bin_not_allowed(compiled: CompiledPolicy, request: ExecRequest) -> _Refusal:
+def _bin_not_allowed(compiled: CompiledPolicy, request: ExecRequest, at: datetime | None) -> _Refusal:
     allowed, ref, bin_name = sorted(compiled.rules_by_bin), compiled.ref, request.bin
-    grant = _grant_hint(bin_name, request.args)
+    grant = _grant_hint(compiled, request, at)
     if not allowed:
         return _Refusal("default_deny", None, f"{ref.label()} allows no command (default deny)",
                         grant or f"a security admin can add a rule for `{bin_name}` to {ref.label()}")
@@ -204,6 +204,13 @@ def _bin_not_allowed(compiled: CompiledPolicy, request: ExecRequest) -> _Refusal
     hint += f"did you mean `{near[0]}`? " if near else ""
     hint += grant or f"a security admin can add `{bin_name}`"
     return _Refusal("bin_not_allowed", None, f"`{bin_name}` is not an allowed command", hint)
+
+
+def _deny_hint(rule: CommandRule, arg: str, pattern: str, ref: VersionRef) -> str:
+    if lint.inline_code_flag(rule.bin, [arg]) is not None:  # dropping it would not make the rest mean the same
+        return (f"`{arg}` makes `{rule.bin}` run code it is given, which rule `{rule.id}` of {ref.label()} denies"
+                + ("; write the code to a workspace file and run that file" if rule.bin in lint.INTERPRETERS else ""))
+    return f"drop `{arg}`; rule `{rule.id}` of {ref.label()} denies arguments matching `{pattern}`"
 
 
 def _widen_hint(rule: CommandRule, args: tuple[str, ...] | list[str], ref: VersionRef) -> str:
@@ -219,9 +226,10 @@ def _widen_hint(rule: CommandRule, args: tuple[str, ...] | list[str], ref: Versi
     return f"a security admin can widen rule `{rule.id}` of {ref.label()}"
 
 
-def _grant_hint(bin_name: str, args: tuple[str, ...] | list[str]) -> str | None:
+def _grant_hint(compiled: CompiledPolicy, request: ExecRequest, at: datetime | None) -> str | None:
     """For a program that runs arbitrary code, what narrower thing would help instead of a rule
     for it (which lint flags); None for any other program."""
+    bin_name = request.bin
     why = lint.runs_any_code(bin_name)
     if why is None:
         return None
@@ -232,11 +240,18 @@ def _grant_hint(bin_name: str, args: tuple[str, ...] | list[str]) -> str | None:
                 f"admin can add `{bin_name}` with deny_args [{closing}] or with allow_args")
         return hint + ("; the agent can write the code to a workspace file and run that"
                        if bin_name in lint.INTERPRETERS else "")
-    instead = lint.argv_instead(bin_name, args)
-    suggestion = (f"send the command itself as argv instead, {json.dumps({'bin': instead[0], 'args': instead[1:]})}, "
-                  "which the policy judges on its own" if instead else
-                  "send the program it would run, with its arguments, as argv instead")
-    return f"{why}: a rule for it lets an agent run anything (lint flags it as arbitrary code execution); {suggestion}"
+    instead = lint.argv_instead(bin_name, request.args)
+    head = f"{why}: a rule for it lets an agent run anything (lint flags it as arbitrary code execution); "
+    if not instead:
+        return head + "send the program it would run, with its arguments, as argv instead"
+    shown = json.dumps({"bin": instead[0], "args": instead[1:]})
+    if instead[0] in lint.SHELLS or instead[0] in lint.WRAPPERS:
+        return head + f"what it runs, {shown}, runs other programs too: send the innermost command as argv"
+    # Judged here, so the hint never sends the agent to a command that is refused as well.
+    verdict = evaluate(compiled, {"bin": instead[0], "args": instead[1:], "cwd": request.cwd}, at)
+    if verdict.allowed:
+        return head + f"send the command itself as argv instead, {shown}: rule `{verdict.rule_id}` allows it"
+    return head + f"the command it runs, {shown}, is refused too ({verdict.message.removeprefix('denied: ')})"
 
 
 def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: ExecRequest) -> _Refusal | None:
@@ -253,8 +268,7 @@ def _check_args(compiled: CompiledPolicy, compiled_rule: CompiledRule, request: 
             if pattern.search(arg):
                 return _Refusal("arg_denied", rule.id,
                                 f"argument {position} `{arg}` matches `{pattern.pattern}`, denied by rule `{rule.id}`",
-                                f"drop `{arg}`; rule `{rule.id}` of {ref.label()} denies arguments matching "
-                                f"`{pattern.pattern}`")
+                                _deny_hint(rule, arg, pattern.pattern, ref))
         if compiled_rule.allow is not None and not any(p.fullmatch(arg) for p in compiled_rule.allow):
             allowed = ", ".join(f"`{p.pattern}`" for p in compiled_rule.allow) or "none"
             return _Refusal("arg_denied", rule.id, f"argument {position} `{arg}` matches no allowed pattern of rule "

@@ -4,7 +4,9 @@ The rule names the exact program and the exact arguments that were sent, in thei
 (`exact_args`), optionally until an expiry, and carries a test proving it. It is a draft:
 a security admin reads its replay and publishes it, or not. Hard refusals (a path out of the
 workspace, a limit, a malformed request, an inactive session) are not the rules' to waive, and a
-request stored with a redacted secret cannot be allowed exactly: neither is offered."""
+request stored with a redacted secret cannot be allowed exactly: neither is offered. Nor is a
+shell (lint flags a rule for one, even for one exact script), nor a request that the drafted
+rule would still leave refused (a path out of the workspace hidden behind `bin_not_allowed`)."""
 
 import hashlib
 import re
@@ -12,8 +14,9 @@ from datetime import UTC, datetime
 
 import yaml
 
-from policies_app import services
-from policies_app.document import BARE_NAME
+from policies_app import lint, services
+from policies_app.document import BARE_NAME, PolicyDocument
+from policies_app.engine import VersionRef, compile_policy, evaluate
 from policies_app.models import DecisionRecord, PolicyVersion
 
 NARROWABLE = {"bin_not_allowed", "arg_denied", "default_deny"}
@@ -24,7 +27,22 @@ class NotNarrowable(Exception):
 
 
 def why_not(record: DecisionRecord) -> str | None:
-    """Why this denial cannot become a rule, or None when it can."""
+    """Why this denial cannot become a rule (or an exception), or None when it can."""
+    if reason := _not_a_rules_request(record):
+        return reason
+    if record.request["bin"] in lint.SHELLS:
+        return (f"a rule for the shell `{record.request['bin']}` runs arbitrary code even for one exact script (lint "
+                "flags it); allow the command the script runs instead")
+    document, _rule, request, base = _drafted(record)
+    ref = VersionRef(base.policy.name, base.number + 1, "draft")
+    verdict = evaluate(compile_policy(PolicyDocument.model_validate(document), ref),
+                       {**request, "cwd": record.request.get("cwd") or "/workspace"})
+    if not verdict.allowed:
+        return f"even a rule for exactly this request leaves it refused ({verdict.message.removeprefix('denied: ')})"
+    return None
+
+
+def _not_a_rules_request(record: DecisionRecord) -> str | None:
     request = record.request if isinstance(record.request, dict) else {}
     if record.kind != "exec" or record.reason_code not in NARROWABLE:
         return f"a `{record.reason_code or record.kind}` refusal is not decided by a command rule"
@@ -41,8 +59,7 @@ def why_not(record: DecisionRecord) -> str | None:
 
 
 def narrow_rule(record: DecisionRecord, expires: datetime | None = None) -> dict:
-    reason = why_not(record)
-    if reason:
+    if reason := _not_a_rules_request(record):
         raise NotNarrowable(reason)
     bin_name, args = record.request["bin"], list(record.request.get("args") or [])
     digest = hashlib.sha256(repr((bin_name, args)).encode()).hexdigest()[:8]
@@ -56,6 +73,21 @@ def narrow_rule(record: DecisionRecord, expires: datetime | None = None) -> dict
 def draft_allowing(*, record: DecisionRecord, actor, expires: datetime | None = None) -> PolicyVersion:
     """A new draft of the policy's current version (the published one, else the one that
     decided) with the narrow rule (allowing nothing after `expires`, when given) and a test."""
+    if reason := why_not(record):
+        raise NotNarrowable(reason)
+    document, rule, request, base = _drafted(record, expires)
+    policy = base.policy
+    until = f" until {rule['expires']}" if expires else ""
+    header = (f"# Drafted by \"Allow this\" from denial {record.id} ({record.reason_code}) on v{base.number}:\n"
+              f"# rule {rule['id']} allows exactly `{' '.join([rule['bin'], *request['args']])}`{until}.\n")
+    return services.version_create(
+        policy=policy, source=header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True), actor=actor,
+        note=f"Allow this: `{' '.join([rule['bin'], *request['args']])}` (denial {record.id})", parent=base)
+
+
+def _drafted(record: DecisionRecord, expires: datetime | None = None) -> tuple[dict, dict, dict, PolicyVersion]:
+    """The document of the draft (the policy's published version, else the one that decided,
+    with the narrow rule and its test), the rule, the request it allows, and the base version."""
     rule = narrow_rule(record, expires)
     policy = record.policy_version.policy
     base = policy.published_version() or record.policy_version
@@ -68,9 +100,4 @@ def draft_allowing(*, record: DecisionRecord, actor, expires: datetime | None = 
     document["commands"] = [*document.get("commands", []), rule]
     document["tests"] = [*document.get("tests", []),
                          {"request": request, "expect": {"allowed": True, "rule_id": rule["id"]}}]
-    until = f" until {rule['expires']}" if expires else ""
-    header = (f"# Drafted by \"Allow this\" from denial {record.id} ({record.reason_code}) on v{base.number}:\n"
-              f"# rule {rule['id']} allows exactly `{' '.join([rule['bin'], *request['args']])}`{until}.\n")
-    return services.version_create(
-        policy=policy, source=header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True), actor=actor,
-        note=f"Allow this: `{' '.join([rule['bin'], *request['args']])}` (denial {record.id})", parent=base)
+    return document, rule, request, base

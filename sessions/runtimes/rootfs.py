@@ -34,7 +34,10 @@ RECIPE = {
     "packages": ["ca-certificates", "git", "python3", "python3-pytest"],
     # Paths emptied after the build: package caches and lists only bloat the image.
     "prune": ["var/cache/apt/archives", "var/lib/apt/lists", "var/cache/debconf", "var/log"],
-    "version": 1,
+    # debootstrap copies these from the building host: its name and its resolvers stay out.
+    "host_files": {"etc/hostname": "sandbox\n",
+                   "etc/resolv.conf": "# No resolver: a sandbox has no network (docs/architecture.md).\n"},
+    "version": 2,
 }
 
 
@@ -82,7 +85,8 @@ def require() -> RootFS:
     rootfs = current()
     if rootfs is None:
         raise RuntimeUnavailable(
-            "the sandbox root filesystem is not built; run: .venv/bin/python manage.py build_rootfs (as root, ~30 s)"
+            "the sandbox root filesystem is not built; run: .venv/bin/python manage.py build_rootfs (as root, ~45 s; "
+            "`make run` does it)"
         )
     return rootfs
 
@@ -228,6 +232,9 @@ def _finish_tree(tree: Path) -> None:
                     shutil.rmtree(child)
                 else:
                     child.unlink()
+    for relative, text in RECIPE["host_files"].items():
+        (tree / relative).unlink(missing_ok=True)  # a symlink is replaced, not followed
+        (tree / relative).write_text(text)
     (tree / "workspace").mkdir(mode=0o755, exist_ok=True)  # mount point of the workspace
     os.chmod(tree.parent, 0o755)  # noqa: S103 - sandboxes (uid 65534) must reach the tree
 

@@ -4,6 +4,7 @@ are in test_settings.py; what needs a real server or sandboxes is in tests/sessi
 Settings read at call time are changed in-process (the `settings` fixture); those read once, at
 import, through `manage.py` in a subprocess with the environment under test."""
 
+import asyncio
 import http.server
 import json
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -186,7 +188,6 @@ def test_airlock_channel_prefix_keeps_deployments_that_share_a_redis_apart(tmp_p
         if os.environ.get("CI") == "true":
             pytest.fail("Redis is required in CI at 127.0.0.1:6379")
         pytest.skip("Redis is not running at 127.0.0.1:6379")
-    from asgiref.sync import async_to_sync
     from channels_redis.core import RedisChannelLayer
 
     url, prefix = "redis://127.0.0.1:6379/0", f"airlock-config-{uuid.uuid4().hex[:8]}"
@@ -196,8 +197,6 @@ def test_airlock_channel_prefix_keeps_deployments_that_share_a_redis_apart(tmp_p
           f"async_to_sync(get_channel_layer().send)('{channel}', {{'type': 'probe', 'n': 1}})")
 
     async def receive(layer_prefix: str):
-        import asyncio
-
         layer = RedisChannelLayer(hosts=[url], prefix=layer_prefix)
         try:
             return await asyncio.wait_for(layer.receive(channel), 0.5)
@@ -206,8 +205,12 @@ def test_airlock_channel_prefix_keeps_deployments_that_share_a_redis_apart(tmp_p
         finally:
             await layer.close_pools()
 
-    assert async_to_sync(receive)(f"airlock-other-{uuid.uuid4().hex[:8]}") is None  # another deployment
-    assert async_to_sync(receive)(prefix) == {"type": "probe", "n": 1}
+    def run(coroutine):  # on a thread of its own: the browser tests may have left a loop running on this one
+        with ThreadPoolExecutor(1) as thread:
+            return thread.submit(asyncio.run, coroutine).result()
+
+    assert run(receive(f"airlock-other-{uuid.uuid4().hex[:8]}")) is None  # another deployment
+    assert run(receive(prefix)) == {"type": "probe", "n": 1}
 
 
 def test_database_url_options_reach_the_postgresql_connection(tmp_path):

@@ -6,10 +6,11 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from controlplane.models import ApiKeyScope
-from policies_app import services
+from policies_app import exceptions, services
 from policies_app.decisions import decide
 from policies_app.denials import DenialQuery, summary
 from policies_app.models import DecisionRecord
@@ -338,3 +339,22 @@ def test_compaction_merges_old_hours_into_days_and_changes_no_count(acme, traffi
     keys = list(DecisionRollup.objects.values_list("tenant", "hour", "effect", "reason_code", "version_id", "rule_id",
                                                    "subject", "pattern", "group_kind", "group_value"))
     assert len(keys) == len(set(keys))  # one row per key: a merged day is never a second row
+
+
+def test_allow_this_is_not_offered_for_a_shell_or_a_request_a_rule_would_still_leave_refused(acme, alice, client_for):
+    policy = publish(acme, "default", ENFORCED)
+    shell = record(acme, policy, {"bin": "bash", "args": ["-c", "pytest"]}, ago=timedelta(minutes=1))
+    # `cat` is unknown, so the engine stops at bin_not_allowed; the path would refuse it next.
+    hidden_path = record(acme, policy, {"bin": "cat", "args": ["/etc/shadow"]}, ago=timedelta(minutes=1))
+    plain = record(acme, policy, {"bin": "make", "args": ["test"]}, ago=timedelta(minutes=1))
+    before = policy.versions.count()
+    for denial, why in ((shell, "runs arbitrary code even for one exact script"),
+                        (hidden_path, "even a rule for exactly this request leaves it refused")):
+        page = client_for(alice).get(f"/t/acme/denials/{denial.pk}/").content.decode()
+        assert why in page, page
+        assert allow_this(client_for(alice), denial).status_code == 302
+        with pytest.raises(ValidationError, match=why.split(" (")[0]):
+            exceptions.exception_from_denial(record=denial, expires_at=timezone.now() + timedelta(hours=1),
+                                             reason="test", ticket="", actor=None)
+    assert policy.versions.count() == before  # nothing drafted
+    assert allow_this(client_for(alice), plain).status_code == 201 and policy.versions.count() == before + 1

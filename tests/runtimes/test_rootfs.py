@@ -135,3 +135,13 @@ def test_make_runs_look_up_says_whether_the_tree_is_built_and_how_to_build_it(bu
     assert missing.returncode == 3
     assert missing.stdout.startswith("env AIRLOCK_DATA_DIR=") and f"AIRLOCK_ROOTFS_DIR={tmp_path / 'empty'} " in \
         missing.stdout and missing.stdout.strip().endswith("manage.py build_rootfs")
+
+
+def test_the_tree_keeps_nothing_of_the_host_that_built_it(built_rootfs):
+    if isinstance(built_rootfs, Exception):
+        pytest.skip(f"no root filesystem here: {built_rootfs}")
+    etc = built_rootfs.path / "etc"
+    assert (etc / "hostname").read_text() == "sandbox\n"
+    assert "nameserver" not in (etc / "resolv.conf").read_text()
+    hosts = (etc / "hosts").read_text(errors="replace").split() if (etc / "hosts").exists() else []
+    assert os.uname().nodename not in hosts
