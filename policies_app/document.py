@@ -1,5 +1,5 @@
-"""The policy document (docs/architecture.md, "Policy document"): its schema, YAML parsing with errors at their line,
-and the canonical form whose SHA-256 identifies a version."""
+"""The policy document (docs/architecture.md, "Policy document"): its schema, YAML parsing with
+errors at their line, and the canonical form whose SHA-256 identifies a version."""
 
 import hashlib
 import json
@@ -8,6 +8,8 @@ from typing import Literal
 
 import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from policies_app import egress
 
 # The closed set of reason codes (docs/architecture.md, "API").
 ReasonCode = Literal[
@@ -90,14 +92,17 @@ class Filesystem(Strict):
 
 class Network(Strict):
     egress: Literal["none", "allowlist"] = "none"
-    allow: list[str] = Field(default_factory=list, description="host:port pairs reachable through the proxy")
+    allow: list[str] = Field(default_factory=list, max_length=256,
+                             description="host:port or *.suffix:port entries reachable through the proxy")
 
     @field_validator("allow")
     @classmethod
-    def _host_ports(cls, value: list[str]) -> list[str]:
+    def _entries(cls, value: list[str]) -> list[str]:
         for item in value:
-            if not re.fullmatch(r"[A-Za-z0-9.-]+:[0-9]{1,5}", item):
-                raise ValueError(f"{item!r} is not host:port")
+            try:
+                egress.parse_entry(item)
+            except egress.InvalidEntry as exc:
+                raise ValueError(str(exc)) from None
         return value
 
 

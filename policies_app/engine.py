@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from policies_app import lint
+from policies_app import egress, lint
 from policies_app.document import CommandRule, EgressRequest, ExecRequest, PolicyDocument
 
 WORKSPACE = "/workspace"
@@ -57,6 +57,7 @@ class CompiledPolicy:
     ref: VersionRef
     rules_by_bin: dict[str, tuple[CompiledRule, ...]]
     expiring: frozenset[str] = frozenset()  # programs with a rule that has an `expires`
+    egress_entries: tuple[tuple[bool, str, int], ...] = ()  # network.allow, parsed (only when an allowlist)
     # The refusal of a program no rule names depends only on the version and the name: kept.
     unknown_bins: dict[str, "_Refusal"] = field(default_factory=dict, compare=False, repr=False)
 
@@ -69,8 +70,11 @@ def compile_policy(document: PolicyDocument, ref: VersionRef) -> CompiledPolicy:
             deny=tuple(re.compile(pattern) for pattern in rule.deny_args),
             allow=tuple(re.compile(pattern) for pattern in rule.allow_args) if rule.allow_args is not None else None,
         ))
+    network = document.network
     return CompiledPolicy(document=document, ref=ref, rules_by_bin={k: tuple(v) for k, v in rules.items()},
-                          expiring=frozenset(rule.bin for rule in document.commands if rule.expires))
+                          expiring=frozenset(rule.bin for rule in document.commands if rule.expires),
+                          egress_entries=tuple(egress.parse_entry(item) for item in network.allow)
+                          if network.egress == "allowlist" else ())
 
 
 # -- evaluation ----------------------------------------------------------------------------
@@ -111,10 +115,16 @@ def evaluate_egress(compiled: CompiledPolicy, request: dict | EgressRequest, at:
                                           "send {host: <name>, port: <number>}", hard=True))
     target = f"{request.host.lower()}:{request.port}"
     allowed = [item.lower() for item in network.allow] if network.egress == "allowlist" else []
-    if target in allowed:
-        return Decision(True, "allow", None, "network.allow", f"allowed: {target} is on the egress allowlist of "
-                        f"{ref.label()}", "", compiled.document.mode, ref)
-    if not allowed:
+    for entry, parsed in zip(allowed, compiled.egress_entries, strict=True):
+        if egress.admits(parsed, request.host, request.port):
+            shown = target if entry == target else f"{target} (by {entry})"
+            return Decision(True, "allow", None, "network.allow", f"allowed: {shown} is on the egress allowlist of "
+                            f"{ref.label()}", "", compiled.document.mode, ref)
+    literal = egress.ip_literal(request.host)
+    if literal is not None and (why := egress.denied_address(literal, this_host=False)):
+        refusal = _Refusal("egress_denied", None, f"{target}: {literal} is {why}, which egress never reaches",
+                           "no policy can allow it; reach the service by a public name the policy allows", hard=True)
+    elif not allowed:
         refusal = _Refusal("egress_denied", None, f"{ref.label()} allows no network egress ({target})",
                            f"a security admin can set network.egress: allowlist with allow: [\"{target}\"]")
     else:

@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from policies_app import egress
 from policies_app.document import CommandRule, PolicyDocument
 
 SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"}
@@ -91,6 +92,11 @@ def lint(document: PolicyDocument) -> list[LintWarning]:
     if document.runtime.driver == "bubblewrap" and document.runtime.isolation == "gvisor":
         warnings.append(LintWarning("runtime", "runtime names the bubblewrap driver with isolation gvisor: sessions "
                                                "run under gVisor (the stronger isolation wins)"))
+    for entry in document.network.allow if document.network.egress == "allowlist" else ():
+        _wildcard, host, _port = egress.parse_entry(entry)
+        if any(host == code or host.endswith("." + code) or code.endswith("." + host) for code in egress.CODE_HOSTS):
+            warnings.append(LintWarning("network", f"`{entry}` is a code host: allowing it to fetch also allows "
+                                                   "pushing to it, so code or data can leave through it"))
     if document.network.egress == "allowlist":
         warnings.append(LintWarning("network", "egress `allowlist` is not enforced yet: sandboxes have no network "
                                                "at all until the egress proxy ships"))

@@ -1,7 +1,7 @@
 import pytest
 
 from policies_app import lint
-from policies_app.document import parse_yaml
+from policies_app.document import DocumentError, parse_yaml
 from policies_app.engine import VersionRef, compile_policy, evaluate, evaluate_egress
 
 POLICY = """
@@ -250,3 +250,37 @@ def test_a_denied_inline_code_flag_is_not_answered_with_drop_it():
     hint = decide({"bin": "python3", "args": ["-c", "print(1)"]}, source).hint
     assert "drop" not in hint and "run code it is given" in hint and "workspace file" in hint
     assert decide({"bin": "pytest", "args": ["-p", "x"]}).hint.startswith("drop `-p`")  # not a code flag: drop it
+
+
+def test_a_wildcard_entry_admits_the_names_under_its_suffix_only():
+    policy = compiled("network: {egress: allowlist, allow: ['*.pythonhosted.org:443', 'pypi.org:443']}\n")
+    assert evaluate_egress(policy, {"host": "files.pythonhosted.org", "port": 443}).allowed
+    deep = evaluate_egress(policy, {"host": "a.b.pythonhosted.org", "port": 443})
+    assert deep.allowed and "(by *.pythonhosted.org:443)" in deep.message
+    for host, port in (("pythonhosted.org", 443), ("evilpythonhosted.org", 443), ("files.pythonhosted.org", 80),
+                       ("pythonhosted.org.evil.com", 443)):
+        assert evaluate_egress(policy, {"host": host, "port": port}).reason_code == "egress_denied", host
+
+
+@pytest.mark.parametrize("entry, why", [
+    ("*:443", "every host"), ("*.com:443", "public suffix"), ("*.co.uk:443", "public suffix"),
+    ("10.0.0.0/8:443", "IP range"), ("127.0.0.1:8000", "loopback"), ("[::ffff:10.0.0.1]:443", "private network"),
+    ("169.254.169.254:80", "metadata"), ("[fe80::1]:443", "link-local"), ("pypi.org:0", "not 1-65535"),
+])
+def test_an_entry_that_opens_too_much_or_the_deny_set_is_refused_with_its_reason(entry, why):
+    with pytest.raises(DocumentError, match=why):
+        parse_yaml(f"network: {{egress: allowlist, allow: ['{entry}']}}\n")
+
+
+def test_lint_warns_that_a_code_host_is_also_a_way_out():
+    document = parse_yaml("network: {egress: allowlist, allow: ['github.com:443', '*.gitlab.com:443', "
+                          "'pypi.org:443']}\n")
+    flagged = [warning.message for warning in lint.lint(document) if "code host" in warning.message]
+    assert len(flagged) == 2 and "github.com:443" in flagged[0] and "pushing" in flagged[0]
+
+
+def test_an_egress_denial_to_the_deny_set_never_suggests_allowing_it():
+    for source in (POLICY, "network: {egress: allowlist, allow: ['pypi.org:443']}\n"):
+        decision = evaluate_egress(compiled(source), {"host": "169.254.169.254", "port": 80})
+        assert decision.reason_code == "egress_denied" and "metadata" in decision.message
+        assert "allow:" not in decision.hint and "no policy can allow it" in decision.hint

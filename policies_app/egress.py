@@ -1,0 +1,115 @@
+"""The network side of a policy: which `network.allow` entries are valid, which host and port an
+entry admits, and the deny set of addresses no policy can open (docs/architecture.md, "Egress").
+
+An entry is `host:port` or `*.suffix:port` (any name under the suffix, never the suffix itself).
+A wildcard over a public suffix (`*.com`, `*.co.uk`) or everything (`*`) is refused, and so is an
+IP literal in the deny set: the proxy would refuse it anyway, so the policy must not say it is
+allowed. The deny set is every address that is not globally routable (loopback, 0.0.0.0/8,
+RFC 1918, 100.64/10, link-local with the cloud metadata address, multicast, reserved, fc00::/7,
+fe80::/10, ...), the same through IPv4-mapped, 6to4, NAT64 and Teredo forms, and every address
+of this host's own interfaces."""
+
+import fcntl
+import functools
+import ipaddress
+import re
+import socket
+import struct
+
+from publicsuffixlist import PublicSuffixList
+
+HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+ENTRY = re.compile(rf"(?P<wildcard>\*\.)?(?P<host>{HOST}|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{{1,5}})")
+# Hosts where an allow to fetch is also an allow to push: lint says so.
+CODE_HOSTS = {"github.com", "gitlab.com", "bitbucket.org", "codeberg.org"}
+METADATA = ipaddress.ip_address("169.254.169.254")
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+SIOCGIFADDR = 0x8915
+
+
+class InvalidEntry(ValueError):
+    pass
+
+
+@functools.cache
+def _public_suffixes() -> PublicSuffixList:
+    return PublicSuffixList()  # the list the package ships: no download
+
+
+def parse_entry(entry: str) -> tuple[bool, str, int]:
+    """(wildcard, host in lower case, port) of a valid entry, or InvalidEntry saying why."""
+    match = ENTRY.fullmatch(entry.strip())
+    if match is None:
+        if entry.strip().split(":")[0] in {"*", "*.*"}:
+            raise InvalidEntry(f"{entry!r} would allow every host; list the hosts themselves")
+        raise InvalidEntry(f"{entry!r} is not host:port or *.suffix:port (an IP range is never an entry)")
+    wildcard, host, port = bool(match["wildcard"]), match["host"].lower().strip("[]"), int(match["port"])
+    if not 1 <= port <= 65535:
+        raise InvalidEntry(f"{entry!r}: port {port} is not 1-65535")
+    literal = ip_literal(host)
+    if literal is not None:
+        if wildcard:
+            raise InvalidEntry(f"{entry!r}: an address takes no wildcard")
+        if reason := denied_address(literal, this_host=False):
+            raise InvalidEntry(f"{entry!r}: {literal} is {reason}, which egress never reaches")
+    elif wildcard and (_public_suffixes().is_public(host) or "." not in host):
+        raise InvalidEntry(f"{entry!r}: `{host}` is a public suffix, so this allows anyone's hosts; name a domain "
+                           f"you trust, such as *.example.{host}")
+    return wildcard, host, port
+
+
+def admits(entry: tuple[bool, str, int], host: str, port: int) -> bool:
+    """Whether a parsed entry admits `host:port` (a wildcard admits names under its suffix only)."""
+    wildcard, name, entry_port = entry
+    host = host.lower().rstrip(".")
+    if port != entry_port:
+        return False
+    return host.endswith("." + name) if wildcard else host == name
+
+
+def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def denied_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, this_host: bool = True) -> str | None:
+    """Why egress never connects to `address`, or None for a public address. `this_host`: also
+    refuse this host's own addresses (the proxy does; a policy document, valid on any host, not)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = (address.ipv4_mapped or address.sixtofour or (address.teredo or (None, None))[1]
+                    or (ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) if address in NAT64 else None))
+        if embedded is not None:
+            reason = denied_address(embedded, this_host=this_host)
+            return f"an IPv6 form of {embedded}, {reason}" if reason else None
+    if address == METADATA:
+        return "the cloud metadata address"
+    for test, reason in ((address.is_loopback, "loopback"), (address.is_unspecified, "unspecified"),
+                         (address.is_link_local, "link-local"), (address.is_multicast, "multicast"),
+                         (address.is_private, "a private network"), (address.is_reserved, "reserved"),
+                         (not address.is_global, "not globally routable")):
+        if test:
+            return reason
+    if this_host and address in host_addresses():
+        return "an address of this host"
+    return None
+
+
+def host_addresses() -> frozenset:
+    """Every address of this host's interfaces (read from the kernel, each call: they change)."""
+    found = set()
+    for _index, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                raw = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on this interface
+                continue
+        found.add(ipaddress.IPv4Address(raw[20:24]))
+    try:
+        with open("/proc/net/if_inet6") as table:
+            for line in table:
+                found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
+    except OSError:  # no IPv6 here
+        pass
+    return frozenset(found)
