@@ -1,0 +1,197 @@
+"""The egress proxy on its own, through its real Unix socket, against upstreams on loopback
+(names mapped to them through the test-only resolver setting, as the issue allows): what the
+policy refuses, what the proxy refuses whatever the policy says, and what it lets through."""
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import ssl
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sessions.egress.proxy import EgressProxy, Limits, Resolver
+
+
+def hello(server_name: str) -> bytes:
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+class Upstream:
+    """A loopback server that echoes what it gets, and keeps it."""
+
+    def __init__(self):
+        self.received = b""
+        self.connections = 0
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader, writer):
+        self.connections += 1
+        while data := await reader.read(65536):
+            self.received += data
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def proxy_for(allowed: set[tuple[str, int]], **kwargs):
+    """A proxy whose policy allows exactly `allowed`, with `pypi.test` and `pypi.test:443` on
+    an echo upstream; yields (proxy, upstream, decisions recorded, refusals reported)."""
+    upstream = Upstream()
+    port = await upstream.start()
+    decisions, reports = [], []
+
+    async def decide(host, port_):
+        allowed_now = (host, port_) in allowed
+        decisions.append((host, port_, allowed_now))
+        return {"allowed": allowed_now, "reason_code": None if allowed_now else "egress_denied",
+                "rule_id": None, "message": f"{host}:{port_} is not on the egress allowlist",
+                "hint": f"a security admin can add {host}:{port_}"}
+
+    async def report(host, port_, reason_code, message):
+        reports.append((host, port_, reason_code, message))
+
+    directory = Path(tempfile.mkdtemp(prefix="airlock-egress-"))
+    resolver = Resolver(test_hosts={"pypi.test": ("127.0.0.1", port)})
+    proxy = EgressProxy(path=str(directory / "egress.sock"), decide=decide, report=report, resolver=resolver,
+                        **kwargs)
+    await proxy.start()
+    try:
+        yield proxy, upstream, decisions, reports
+    finally:
+        await proxy.close()
+        upstream.server.close()
+        directory.rmdir()
+
+
+async def ask(proxy, request: bytes, then: bytes = b"") -> tuple[bytes, bytes]:
+    """(the proxy's answer head, what came back after it) for one request and the bytes after it."""
+    reader, writer = await asyncio.open_unix_connection(proxy.path)
+    writer.write(request)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    rest = b""
+    if head.startswith(b"HTTP/1.1 200") and then:
+        writer.write(then)
+        await writer.drain()
+        writer.write_eof()
+    rest = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return head, rest
+
+
+async def test_an_allowed_tunnel_reaches_its_upstream_and_every_attempt_is_a_decision():
+    async with proxy_for({("pypi.test", 8080)}) as (proxy, upstream, decisions, _):
+        head, echoed = await ask(proxy, b"CONNECT pypi.test:8080 HTTP/1.1\r\nHost: pypi.test\r\n\r\n", b"ping")
+        assert head.startswith(b"HTTP/1.1 200") and echoed == b"ping"
+        head, _body = await ask(proxy, b"CONNECT other.test:8080 HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 403")
+        assert decisions == [("pypi.test", 8080, True), ("other.test", 8080, False)]
+        assert upstream.connections == 1
+
+
+async def test_a_denial_is_a_403_that_says_it_is_the_policy_with_the_decision_as_json():
+    async with proxy_for(set()) as (proxy, upstream, _, _):
+        head, body = await ask(proxy, b"CONNECT pypi.test:443 HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 403 Airlock egress_denied: pypi.test:443 is not on the egress allowlist")
+        text, json_line = body.decode().strip().rsplit("\n", 1)
+        assert "airlock refused this connection (egress_denied)" in text and "hint: a security admin" in text
+        assert json.loads(json_line)["decision"]["reason_code"] == "egress_denied"
+        assert upstream.connections == 0
+
+
+async def test_plain_http_is_judged_too_and_forwarded_in_origin_form():
+    async with proxy_for({("pypi.test", 80)}) as (proxy, upstream, decisions, _):
+        reader, writer = await asyncio.open_unix_connection(proxy.path)
+        writer.write(b"GET http://pypi.test/simple/ HTTP/1.1\r\nHost: pypi.test\r\n\r\n")
+        writer.write_eof()
+        await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert upstream.received == b"GET /simple/ HTTP/1.1\r\nHost: pypi.test\r\n\r\n"
+        assert decisions == [("pypi.test", 80, True)]
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "169.254.169.254", "[::1]", "10.0.0.1"])
+async def test_a_name_or_literal_in_the_deny_set_is_refused_even_when_the_policy_allows_it(host):
+    bare = host.strip("[]")
+    async with proxy_for({(bare, 8080)}) as (proxy, upstream, _, reports):
+        head, body = await ask(proxy, f"CONNECT {host}:8080 HTTP/1.1\r\n\r\n".encode())
+        assert head.startswith(b"HTTP/1.1 403 Airlock egress_denied"), head
+        assert b"egress never reaches" in body and upstream.connections == 0
+        assert reports and reports[0][:3] == (bare, 8080, "egress_denied")
+
+
+async def test_a_tls_tunnel_must_name_its_connect_host_and_must_be_tls():
+    async with proxy_for({("pypi.test", 443)}) as (proxy, upstream, _, reports):
+        head, rest = await ask(proxy, b"CONNECT pypi.test:443 HTTP/1.1\r\n\r\n", hello("evil.example"))
+        assert head.startswith(b"HTTP/1.1 200") and rest == b"" and upstream.received == b""  # fronting: cut
+        head, rest = await ask(proxy, b"CONNECT pypi.test:443 HTTP/1.1\r\n\r\n", b"GET / HTTP/1.1\r\n\r\n")
+        assert rest == b"" and upstream.received == b""  # not TLS on a TLS port: cut
+        assert [report[3].split(":")[0] for report in reports] == ["the tunnel to pypi.test asks TLS for evil.example",
+                                                                    "pypi.test"]
+        real = hello("pypi.test")
+        head, rest = await ask(proxy, b"CONNECT pypi.test:443 HTTP/1.1\r\n\r\n", real)
+        assert rest == real and upstream.received == real  # the right name passes, byte for byte
+
+
+async def test_the_byte_budget_cuts_the_session_and_then_refuses_it():
+    async with proxy_for({("pypi.test", 8080)}, limits=Limits(max_bytes=10_000)) as (proxy, _, _, _):
+        head, echoed = await ask(proxy, b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n", b"x" * 50_000)
+        assert len(echoed) < 50_000 and proxy.bytes_moved > 10_000
+        head, body = await ask(proxy, b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 403 Airlock limit_exceeded") and b"network.max_bytes" in body
+
+
+async def test_the_connection_cap_refuses_one_more_while_the_others_stay_open():
+    async with proxy_for({("pypi.test", 8080)}, limits=Limits(max_connections=2)) as (proxy, _, _, _):
+        held = []
+        for _ in range(2):
+            reader, writer = await asyncio.open_unix_connection(proxy.path)
+            writer.write(b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            held.append(writer)
+        head, body = await ask(proxy, b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 403 Airlock limit_exceeded") and b"max_connections" in body
+        for writer in held:
+            writer.close()
+
+
+async def test_the_control_plane_is_never_reachable_whatever_the_policy_says():
+    upstream = Upstream()
+    port = await upstream.start()
+    async with proxy_for({("pypi.test", 8080)}, unreachable={(ipaddress.ip_address("127.0.0.1"), port)}) as (
+            proxy, _, _, _):
+        proxy.resolver.test_hosts["pypi.test"] = ("127.0.0.1", port)  # the name now points at the control plane
+        head, body = await ask(proxy, b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 403") and b"control plane" in body and upstream.connections == 0
+    upstream.server.close()
+
+
+async def test_closing_the_proxy_cuts_its_tunnels_and_removes_its_socket():
+    async with proxy_for({("pypi.test", 8080)}) as (proxy, _, _, _):
+        reader, writer = await asyncio.open_unix_connection(proxy.path)
+        writer.write(b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        await proxy.close()
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        assert not Path(proxy.path).exists()
+        with pytest.raises((FileNotFoundError, ConnectionRefusedError)):
+            await asyncio.open_unix_connection(proxy.path)
+
+
+@pytest.mark.parametrize("request_line", [b"GET / HTTP/1.1", b"CONNECT pypi.test HTTP/1.1", b"\x16\x03\x01\x00\x10",
+                                          b"CONNECT pypi.test:99999 HTTP/1.1"])
+async def test_what_is_not_a_proxy_request_gets_a_400(request_line):
+    async with proxy_for(set()) as (proxy, _, decisions, _):
+        head, _body = await ask(proxy, request_line + b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 Airlock schema_invalid") and decisions == []
