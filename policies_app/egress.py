@@ -2,12 +2,14 @@
 entry admits, and the deny set of addresses no policy can open (docs/architecture.md, "Egress").
 
 An entry is `host:port` or `*.suffix:port` (any name under the suffix, never the suffix itself).
-A wildcard over a public suffix (`*.com`, `*.co.uk`) or everything (`*`) is refused, and so is an
-IP literal in the deny set: the proxy would refuse it anyway, so the policy must not say it is
-allowed. The deny set is every address that is not globally routable (loopback, 0.0.0.0/8,
-RFC 1918, 100.64/10, link-local with the cloud metadata address, multicast, reserved, fc00::/7,
-fe80::/10, ...), the same through IPv4-mapped, 6to4, NAT64 and Teredo forms, and every address
-of this host's own interfaces."""
+The schema refuses a wildcard over a public suffix (`*.com`, `*.co.uk`) or over everything (`*`).
+An IP literal in the deny set is refused at publish and flagged by lint, not by the schema:
+versions stored before this check must still load, and the proxy refuses it anyway.
+
+The deny set is every address that is not globally routable (loopback, 0.0.0.0/8, RFC 1918,
+100.64/10, link-local with the cloud metadata address, multicast, reserved, fc00::/7, fe80::/10,
+...), the same through IPv4-mapped, 6to4, NAT64 and Teredo forms, and every address of this
+host's own interfaces."""
 
 import fcntl
 import functools
@@ -50,16 +52,34 @@ def parse_entry(entry: str) -> tuple[bool, str, int]:
     if literal is not None:
         if wildcard:
             raise InvalidEntry(f"{entry!r}: an address takes no wildcard")
-        if reason := denied_address(literal, this_host=False):
-            raise InvalidEntry(f"{entry!r}: {literal} is {reason}, which egress never reaches")
     elif wildcard and (_public_suffixes().is_public(host) or "." not in host):
         raise InvalidEntry(f"{entry!r}: `{host}` is a public suffix, so this allows anyone's hosts; name a domain "
                            f"you trust, such as *.example.{host}")
     return wildcard, host, port
 
 
-def admits(entry: tuple[bool, str, int], host: str, port: int) -> bool:
+def parsed_or_none(entry: str) -> tuple[bool, str, int] | None:
+    """The entry parsed, or None for one this version of the schema refuses (an older stored
+    version may hold it: it then admits nothing)."""
+    try:
+        return parse_entry(entry)
+    except InvalidEntry:
+        return None
+
+
+def unreachable_entry(entry: str) -> str | None:
+    """Why an entry names an address egress never reaches, or None."""
+    parsed = parsed_or_none(entry)
+    literal = ip_literal(parsed[1]) if parsed else None
+    if literal is not None and (reason := denied_address(literal, this_host=False)):
+        return f"`{entry}`: {literal} is {reason}, which egress never reaches"
+    return None
+
+
+def admits(entry: tuple[bool, str, int] | None, host: str, port: int) -> bool:
     """Whether a parsed entry admits `host:port` (a wildcard admits names under its suffix only)."""
+    if entry is None:
+        return False
     wildcard, name, entry_port = entry
     host = host.lower().rstrip(".")
     if port != entry_port:

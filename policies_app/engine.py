@@ -57,7 +57,7 @@ class CompiledPolicy:
     ref: VersionRef
     rules_by_bin: dict[str, tuple[CompiledRule, ...]]
     expiring: frozenset[str] = frozenset()  # programs with a rule that has an `expires`
-    egress_entries: tuple[tuple[bool, str, int], ...] = ()  # network.allow, parsed (only when an allowlist)
+    egress_entries: tuple[tuple[bool, str, int] | None, ...] = ()  # network.allow, parsed (when an allowlist)
     # The refusal of a program no rule names depends only on the version and the name: kept.
     unknown_bins: dict[str, "_Refusal"] = field(default_factory=dict, compare=False, repr=False)
 
@@ -73,7 +73,7 @@ def compile_policy(document: PolicyDocument, ref: VersionRef) -> CompiledPolicy:
     network = document.network
     return CompiledPolicy(document=document, ref=ref, rules_by_bin={k: tuple(v) for k, v in rules.items()},
                           expiring=frozenset(rule.bin for rule in document.commands if rule.expires),
-                          egress_entries=tuple(egress.parse_entry(item) for item in network.allow)
+                          egress_entries=tuple(egress.parsed_or_none(item) for item in network.allow)
                           if network.egress == "allowlist" else ())
 
 
@@ -219,7 +219,8 @@ def _bin_not_allowed(compiled: CompiledPolicy, request: ExecRequest, at: datetim
 def _deny_hint(rule: CommandRule, arg: str, pattern: str, ref: VersionRef) -> str:
     if lint.inline_code_flag(rule.bin, [arg]) is not None:  # dropping it would not make the rest mean the same
         return (f"`{arg}` makes `{rule.bin}` run code it is given, which rule `{rule.id}` of {ref.label()} denies"
-                + ("; write the code to a workspace file and run that file" if rule.bin in lint.INTERPRETERS else ""))
+                + ("; write the code to a workspace file and run that file"
+                   if lint.program(rule.bin) in lint.INTERPRETERS else ""))
     return f"drop `{arg}`; rule `{rule.id}` of {ref.label()} denies arguments matching `{pattern}`"
 
 
@@ -229,8 +230,9 @@ def _widen_hint(rule: CommandRule, args: tuple[str, ...] | list[str], ref: Versi
     if flag is not None:
         return (f"`{flag}` makes `{rule.bin}` run code it is given, so widening rule `{rule.id}` for it is arbitrary "
                 "code execution (lint flags it)"
-                + ("; write the code to a workspace file and run that" if rule.bin in lint.INTERPRETERS else ""))
-    if rule.bin in lint.SHELLS or rule.bin in lint.WRAPPERS:
+                + ("; write the code to a workspace file and run that"
+                   if lint.program(rule.bin) in lint.INTERPRETERS else ""))
+    if lint.program(rule.bin) in lint.SHELLS or rule.bin in lint.WRAPPERS:
         return (f"{lint.runs_any_code(rule.bin)}, so widening rule `{rule.id}` lets an agent run anything (lint flags "
                 "it); send the program it would run as argv instead")
     return f"a security admin can widen rule `{rule.id}` of {ref.label()}"
@@ -243,23 +245,24 @@ def _grant_hint(compiled: CompiledPolicy, request: ExecRequest, at: datetime | N
     why = lint.runs_any_code(bin_name)
     if why is None:
         return None
-    if bin_name in lint.INLINE_CODE:
-        closing = ", ".join(f"`^{flag if re.fullmatch(r'[A-Za-z0-9=-]+', flag) else re.escape(flag)}`"
-                            for flag in lint.INLINE_CODE[bin_name])
+    if lint.program(bin_name) in lint.INLINE_CODE:
+        closing = lint.closing_deny_args(bin_name)
+        narrower = (f"deny_args [{', '.join(f'`{pattern}`' for pattern in closing)}] (or allow_args)" if closing
+                    else "allow_args that list the arguments it may take")
         hint = (f"{why}, so a rule that leaves them open is arbitrary code execution (lint flags it); a security "
-                f"admin can add `{bin_name}` with deny_args [{closing}] or with allow_args")
+                f"admin can add `{bin_name}` with {narrower}")
         return hint + ("; the agent can write the code to a workspace file and run that"
-                       if bin_name in lint.INTERPRETERS else "")
+                       if lint.program(bin_name) in lint.INTERPRETERS else "")
     instead = lint.argv_instead(bin_name, request.args)
     head = f"{why}: a rule for it lets an agent run anything (lint flags it as arbitrary code execution); "
     if not instead:
         return head + "send the program it would run, with its arguments, as argv instead"
     shown = json.dumps({"bin": instead[0], "args": instead[1:]})
-    if instead[0] in lint.SHELLS or instead[0] in lint.WRAPPERS:
+    if lint.program(instead[0]) in lint.SHELLS or instead[0] in lint.WRAPPERS:
         return head + f"what it runs, {shown}, runs other programs too: send the innermost command as argv"
     # Judged here, so the hint never sends the agent to a command that is refused as well.
     verdict = evaluate(compiled, {"bin": instead[0], "args": instead[1:], "cwd": request.cwd}, at)
-    if verdict.allowed:
+    if verdict.effect == "allow":  # not an audit-mode would-be denial
         return head + f"send the command itself as argv instead, {shown}: rule `{verdict.rule_id}` allows it"
     return head + f"the command it runs, {shown}, is refused too ({verdict.message.removeprefix('denied: ')})"
 

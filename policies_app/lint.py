@@ -2,8 +2,8 @@
 security admin decides. A rule is flagged when it allows an interpreter or wrapper without
 argument rules that close its code-running flags.
 
-The engine asks the same tables (`runs_any_code`, `inline_code_flag`) before it words a hint,
-so a denial never suggests granting what lint would flag."""
+The engine asks the same tables (`runs_any_code`, `inline_code_flag`, `closing_deny_args`)
+before it words a hint, so a denial never suggests granting what lint would flag."""
 
 import re
 import shlex
@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from policies_app import egress
 from policies_app.document import CommandRule, PolicyDocument
 
-SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"}
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox", "ash", "csh", "tcsh", "mksh", "rbash", "yash", "pwsh"}
 # Programs that run another program named in their arguments.
 WRAPPERS = {"env", "xargs", "nohup", "timeout", "nice", "ionice", "setsid", "stdbuf", "time", "sudo", "su", "doas",
             "strace", "chroot", "flock", "watch", "parallel", "npx"}
@@ -33,25 +33,55 @@ INTERPRETERS = {"python", "python3", "node", "perl", "ruby", "php", "lua"}
 SUBCOMMAND_BINS = {"npm"}
 
 
+# A wrapper's own arguments before the program it runs: options that take a value, and how many
+# positional arguments come first (timeout's duration, flock's lock file, chroot's new root).
+# A wrapper not listed here is not parsed: its hint names no program.
+WRAPPER_SYNTAX = {
+    "env": (set(), 0), "nohup": (set(), 0), "setsid": (set(), 0), "time": (set(), 0),
+    "nice": ({"-n", "--adjustment"}, 0), "ionice": ({"-c", "-n", "--class", "--classdata"}, 0),
+    "stdbuf": ({"-i", "-o", "-e"}, 0), "timeout": ({"-s", "-k", "--signal", "--kill-after"}, 1),
+    "flock": ({"-w", "-E", "--timeout", "--conflict-exit-code"}, 1), "chroot": ({"--userspec", "--groups"}, 1),
+}
+
+
+def program(bin_name: str) -> str:
+    """The name lint knows a program by: `python3.11` is `python3`, `perl5.36` is `perl`."""
+    if bin_name in SHELLS or bin_name in WRAPPERS or bin_name in INLINE_CODE:
+        return bin_name
+    base = re.sub(r"[0-9][0-9.]*$", "", bin_name)
+    return base if base in INLINE_CODE or base in SHELLS else bin_name
+
+
 def runs_any_code(bin_name: str) -> str | None:
     """Why a rule for this program, without argument rules, would run arbitrary code, or None."""
+    named, bin_name = bin_name, program(bin_name)
     if bin_name in SHELLS:
         return f"`{bin_name}` is a shell"
     if bin_name in WRAPPERS:
         return f"`{bin_name}` runs any program named in its arguments"
     if bin_name in INLINE_CODE:
-        return f"`{bin_name}` runs code given through {', '.join(f'`{flag}`' for flag in INLINE_CODE[bin_name])}"
+        return f"`{named}` runs code given through {', '.join(f'`{flag}`' for flag in INLINE_CODE[bin_name])}"
     return None
+
+
+def closing_deny_args(bin_name: str) -> list[str] | None:
+    """deny_args that close every spelling of the program's code-running flags, checked by this
+    very lint; None where no deny pattern can (awk's `system`, npm's `exec`: allow_args can)."""
+    flags = INLINE_CODE.get(program(bin_name), [])
+    if not flags or not all(flag.startswith("-") for flag in flags):
+        return None
+    patterns = [f"^-[A-Za-z]*{flag[1]}" if re.fullmatch(r"-[A-Za-z]", flag) else f"^{flag}" for flag in flags]
+    return patterns if _lint_rule(CommandRule(id="suggested", bin=bin_name, deny_args=patterns)) is None else None
 
 
 def inline_code_flag(bin_name: str, args: list[str] | tuple[str, ...]) -> str | None:
     """The first argument that makes `bin_name` run code given inline (`-c`, `-cCODE`,
     `--eval=CODE`, npm's `exec`), or None."""
     for arg in args:
-        for flag in INLINE_CODE.get(bin_name, ()):
+        for flag in INLINE_CODE.get(program(bin_name), ()):
+            # A short flag counts combined after other letters (`-Ic`), as closing_deny_args denies it.
             if arg == flag or (flag.startswith("--") and arg.startswith(flag + "=")) or (
-                    re.fullmatch(r"-[A-Za-z]", flag) and arg.startswith("-") and not arg.startswith("--")
-                    and flag[1] in arg[1:]):
+                    re.fullmatch(r"-[A-Za-z]", flag) and re.match(rf"-[A-Za-z]*{flag[1]}", arg)):
                 return arg
     return None
 
@@ -60,6 +90,7 @@ def argv_instead(bin_name: str, args: list[str] | tuple[str, ...]) -> list[str] 
     """The program a shell's `-c` script or a wrapper would run, as argv, when that is plain:
     `bash -c "cat /etc/passwd"` → ["cat", "/etc/passwd"]. None when it is not (pipes,
     redirections, variables, several commands)."""
+    bin_name = program(bin_name)
     if bin_name in SHELLS and len(args) == 2 and re.fullmatch(r"-[a-z]*c[a-z]*", args[0]):
         if re.search(r"[|&;<>()$`\\*?\[\]{}!#~\n]", args[1]):
             return None
@@ -68,10 +99,18 @@ def argv_instead(bin_name: str, args: list[str] | tuple[str, ...]) -> list[str] 
         except ValueError:
             return None
         return argv or None
-    if bin_name in WRAPPERS:
-        rest = [arg for arg in args if not arg.startswith("-")]
-        return rest or None
-    return None
+    if bin_name not in WRAPPER_SYNTAX:
+        return None
+    valued, positional = WRAPPER_SYNTAX[bin_name]
+    rest = list(args)
+    while rest and (rest[0].startswith("-") or (bin_name == "env" and "=" in rest[0])):
+        option = rest.pop(0)
+        if option == "--":
+            break
+        if option in valued and rest:
+            rest.pop(0)
+    rest = rest[positional:]
+    return rest or None
 
 
 @dataclass(frozen=True)
@@ -92,8 +131,9 @@ def lint(document: PolicyDocument) -> list[LintWarning]:
     if document.runtime.driver == "bubblewrap" and document.runtime.isolation == "gvisor":
         warnings.append(LintWarning("runtime", "runtime names the bubblewrap driver with isolation gvisor: sessions "
                                                "run under gVisor (the stronger isolation wins)"))
+    warnings += unreachable_entries(document)
     for entry in document.network.allow if document.network.egress == "allowlist" else ():
-        _wildcard, host, _port = egress.parse_entry(entry)
+        _wildcard, host, _port = egress.parsed_or_none(entry) or (False, "", 0)
         if any(host == code or host.endswith("." + code) or code.endswith("." + host) for code in egress.CODE_HOSTS):
             warnings.append(LintWarning("network", f"`{entry}` is a code host: allowing it to fetch also allows "
                                                    "pushing to it, so code or data can leave through it"))
@@ -103,16 +143,23 @@ def lint(document: PolicyDocument) -> list[LintWarning]:
     return warnings
 
 
+def unreachable_entries(document: PolicyDocument) -> list[LintWarning]:
+    """Allow entries naming an address in the deny set: flagged here, refused at publish."""
+    return [LintWarning("network", reason + "; publishing refuses it") for entry in document.network.allow
+            if (reason := egress.unreachable_entry(entry))]
+
+
 def _lint_rule(rule: CommandRule) -> LintWarning | None:
-    if rule.bin in SHELLS:
+    known = program(rule.bin)
+    if known in SHELLS:
         return LintWarning(rule.id, f"rule `{rule.id}` allows the shell `{rule.bin}`: it can run arbitrary code")
     # Listed arguments (allow_args) or one exact argv (exact_args) bound what the rule can run.
     restricted = rule.allow_args is not None or rule.exact_args is not None
-    if rule.bin in WRAPPERS and not restricted:
+    if known in WRAPPERS and not restricted:
         return LintWarning(rule.id, f"rule `{rule.id}` allows `{rule.bin}`, which runs any program named in its "
                                 f"arguments; add allow_args")
-    flags = INLINE_CODE.get(rule.bin)
-    if flags is None or restricted or (rule.bin in SUBCOMMAND_BINS and rule.prepend_args):
+    flags = INLINE_CODE.get(known)
+    if flags is None or restricted or (known in SUBCOMMAND_BINS and rule.prepend_args):
         return None
     open_flags = [flag for flag in flags if not _denied(rule, flag)]
     if open_flags:

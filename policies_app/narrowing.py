@@ -13,6 +13,7 @@ import re
 from datetime import UTC, datetime
 
 import yaml
+from pydantic import ValidationError
 
 from policies_app import lint, services
 from policies_app.document import BARE_NAME, PolicyDocument
@@ -30,13 +31,18 @@ def why_not(record: DecisionRecord) -> str | None:
     """Why this denial cannot become a rule (or an exception), or None when it can."""
     if reason := _not_a_rules_request(record):
         return reason
-    if record.request["bin"] in lint.SHELLS:
+    if lint.program(record.request["bin"]) in lint.SHELLS:
         return (f"a rule for the shell `{record.request['bin']}` runs arbitrary code even for one exact script (lint "
                 "flags it); allow the command the script runs instead")
-    document, _rule, request, base = _drafted(record)
+    document, rule, request, base = _drafted(record)
+    if [r.get("id") for r in document["commands"]].count(rule["id"]) > 1:
+        return f"rule `{rule['id']}` of v{base.number} already allows exactly this request"
     ref = VersionRef(base.policy.name, base.number + 1, "draft")
-    verdict = evaluate(compile_policy(PolicyDocument.model_validate(document), ref),
-                       {**request, "cwd": record.request.get("cwd") or "/workspace"})
+    try:
+        compiled = compile_policy(PolicyDocument.model_validate(document), ref)
+    except ValidationError as exc:  # a base that no longer validates: say so, never a 500
+        return f"v{base.number} with the rule added would not be a valid policy ({exc.errors()[0]['msg']})"
+    verdict = evaluate(compiled, {**request, "cwd": record.request.get("cwd") or "/workspace"})
     if not verdict.allowed:
         return f"even a rule for exactly this request leaves it refused ({verdict.message.removeprefix('denied: ')})"
     return None

@@ -6,6 +6,7 @@ from django.db.models import Max
 
 from controlplane.audit import audit_record, user_of
 from controlplane.models import Tenant
+from policies_app import lint
 from policies_app.document import DocumentError, PolicyDocument, parse_yaml
 from policies_app.engine import VersionRef
 from policies_app.models import Policy, PolicyPublication, PolicyVersion
@@ -55,10 +56,13 @@ def version_publish(*, version: PolicyVersion, actor, note: str,
     """Publish a version. Needs a note and the document's own tests passing."""
     if not note.strip():
         raise ValidationError({"note": "say why you publish this version"})
-    failures = [outcome for outcome in run_tests(version_document(version), version_ref(version))
-                if not outcome.passed]
+    document = version_document(version)
+    failures = [outcome for outcome in run_tests(document, version_ref(version)) if not outcome.passed]
     if failures:
         raise ValidationError({"tests": [f"test {f.index}: expected {f.expected}, got {f.got}" for f in failures]})
+    if unreachable := lint.unreachable_entries(document):
+        raise ValidationError({"network": [warning.message.removesuffix("; publishing refuses it")
+                                           for warning in unreachable]})
     policy = version.policy
     previous = policy.published_version()
     publication = PolicyPublication.objects.create(policy=policy, version=version, action=action,

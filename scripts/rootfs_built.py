@@ -3,6 +3,7 @@
 time, so a cached tree costs it ~0.1 s."""
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -17,7 +18,8 @@ if __name__ == "__main__":
     if built is None:
         from django.conf import settings
 
-        print(f"env AIRLOCK_DATA_DIR={settings.DATA_DIR} AIRLOCK_ROOTFS_DIR={rootfs.cache_dir()} "
-              f"{sys.executable} {ROOT / 'manage.py'} build_rootfs")
+        words = ["env", f"AIRLOCK_DATA_DIR={settings.DATA_DIR}", f"AIRLOCK_ROOTFS_DIR={rootfs.cache_dir()}",
+                 sys.executable, str(ROOT / "manage.py"), "build_rootfs"]
+        print(shlex.join(words))
         sys.exit(3)
     print(f"root filesystem {built.digest[:19]}… cached at {built.path}")

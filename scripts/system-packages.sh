@@ -7,8 +7,8 @@ set -euo pipefail
 only_list=false
 if [ "${1:-}" = --missing ]; then only_list=true; shift; fi
 missing=()
-for pair in "$@"; do
-  command -v "${pair#*:}" >/dev/null 2>&1 || missing+=("${pair%%:*}")
+for pair in "$@"; do  # /usr/sbin too: an ordinary user's PATH lacks it, and debootstrap lives there
+  PATH="$PATH:/usr/sbin:/sbin" command -v "${pair#*:}" >/dev/null 2>&1 || missing+=("${pair%%:*}")
 done
 if $only_list; then echo "${missing[*]}"; exit 0; fi
 [ ${#missing[@]} -eq 0 ] && exit 0

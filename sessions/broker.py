@@ -5,6 +5,7 @@ that need the runner (create, end, kill, files) live here too, so views stay sho
 The decision is taken with the version the session pinned when it started: publishing a new
 version changes what new sessions may do, never what a running one may."""
 
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -57,9 +58,7 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
                         timeout_s=CREATE_TIMEOUT_S)
     if not reply.get("ok"):
         services.session_finish(session_id=session.pk, state=SessionState.FAILED, reason=reply.get("detail", ""))
-        runtime = version.document["runtime"]
-        chosen_by = (f"policy `{policy.name}` v{version.number} names it in runtime"
-                     if runtime.get("driver") or runtime.get("isolation") == "gvisor"
+        chosen_by = (f"policy `{policy.name}` v{version.number} names it in runtime" if services.driver_of(version)[1]
                      else "the deployment's default, AIRLOCK_RUNTIME")
         raise BrokerError("sandbox_unavailable", f"the sandbox could not start on the {session.driver} driver "
                           f"({chosen_by}): {reply.get('detail')}", 503)
@@ -175,7 +174,7 @@ def file_operation(*, session: Session, op: str, path: str, data: bytes | None =
                conversation_id=session.conversation_id, secrets=secrets)
     message = {"type": f"file.{op}", "session": str(session.pk), "path": relative}
     if data is not None:
-        message.update(data=data, deadline_s=WRITE_DEADLINE_S)
+        message.update(data=data, deadline=time.time() + WRITE_DEADLINE_S)
     # Longer than the write's deadline: a 504 from here means it did not land and never will.
     reply = runner_call(session.runner_id, message, timeout_s=WRITE_DEADLINE_S + 30)
     if not reply.get("ok"):

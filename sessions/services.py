@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from controlplane.audit import audit_record
 from controlplane.models import Tenant
-from policies_app.document import Runtime
+from policies_app.document import DocumentError, Runtime, parse_yaml
 from policies_app.models import DecisionRecord, PolicyVersion
 from sessions.events import publish_on_commit, session_changed_on_commit
 from sessions.models import (
@@ -30,13 +30,24 @@ COMMAND_STATE_BY_REASON = {"exited": CommandState.EXITED, "timeout": CommandStat
                            "killed": CommandState.KILLED}
 
 
+def driver_of(version: PolicyVersion) -> tuple[str, bool]:
+    """The driver a session of this version runs on, and whether the policy named it (else it
+    is the deployment's AIRLOCK_RUNTIME). Read from the source as its author wrote it: versions
+    stored before `runtime.driver` became optional hold `bubblewrap` in their document either way."""
+    try:
+        runtime = parse_yaml(version.source).runtime
+    except DocumentError:  # a source today's schema refuses: its stored document still says
+        runtime = Runtime.model_validate(version.document["runtime"])
+    return runtime.driver_for(settings.AIRLOCK_RUNTIME), runtime.driver is not None or runtime.isolation == "gvisor"
+
+
 @transaction.atomic
 def session_create(*, tenant: Tenant, conversation_id: str, policy_version: PolicyVersion, runner: Runner,
                    created_by: str, workspace_source: str = "") -> tuple[Session, str]:
     """A session in state `creating`, placed on `runner`; returns it with its token (shown once)."""
     token = new_token()
     document = policy_version.document
-    driver = Runtime.model_validate(document["runtime"]).driver_for(settings.AIRLOCK_RUNTIME)
+    driver, _named = driver_of(policy_version)
     now = timezone.now()
     session = Session.objects.create(
         tenant=tenant, conversation_id=conversation_id, policy_version=policy_version,

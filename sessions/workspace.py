@@ -25,9 +25,22 @@ from sessions.runtimes.base import WORKSPACE, Chunk, Driver, ExitStatus, Sandbox
 
 MAX_PATH = 1024
 FILE_PROGRAM = r"""
-import errno, os, secrets, stat, sys, tarfile, time
+import errno, os, secrets, signal, stat, sys, tarfile, time
 op, path, limit, deadline = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+TEMP = ".airlock-put-"
+
+def out_of_time(signum, frame):
+    raise OSError(errno.ETIMEDOUT, "past the deadline")
+
+# Stop before the driver's watchdog would SIGKILL us: a kill skips the cleanup below.
+signal.signal(signal.SIGALRM, out_of_time)
+signal.setitimer(signal.ITIMER_REAL, max(deadline - time.time(), 0.001))
+
+def sweep(fd):  # what a write killed before its cleanup left (its whole sandbox killed, say)
+    for name in os.listdir(fd):
+        if name.startswith(TEMP) and stat.S_ISREG(os.lstat(name, dir_fd=fd).st_mode):
+            os.unlink(name, dir_fd=fd)
 
 def parent_fd(parts, create):
     fd = os.open("/workspace", os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
@@ -64,7 +77,8 @@ try:
             if not stat.S_ISREG(old.st_mode):  # a FIFO, socket or device is never replaced
                 raise OSError(errno.EACCES, name)
             mode = stat.S_IMODE(old.st_mode)
-        temp = f".airlock-put-{secrets.token_hex(8)}"
+        sweep(fd)
+        temp = TEMP + secrets.token_hex(8)
         out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=fd)
         try:
             written = 0
@@ -79,6 +93,7 @@ try:
             if time.time() > deadline:
                 raise OSError(errno.ETIMEDOUT, "past the deadline")
             os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            signal.setitimer(signal.ITIMER_REAL, 0)
         except BaseException:
             os.unlink(temp, dir_fd=fd)
             raise
@@ -112,10 +127,10 @@ ERRORS = {
     "EFBIG": ("file_too_large", "the file is larger than the API serves"),
     "EACCES": ("permission_denied", "the sandbox's user may not access this path, or it is not a regular file"),
     "EPIPE": ("workspace_error", "the file's content did not arrive whole; the workspace is unchanged"),
-    "ETIMEDOUT": ("runner_timeout", "the write did not finish in time; the workspace is unchanged"),
+    "ETIMEDOUT": ("runner_timeout", "the file operation did not finish in time; nothing was written"),
 }
-# A write lands within this long after the runner takes it up, or never: the API waits longer
-# than this, so its 504 means the write did not land and never will.
+# A write lands within this long after the API sends it, or never: the API waits longer than
+# this, so its 504 means the write did not land and never will.
 WRITE_DEADLINE_S = 60
 
 
@@ -137,15 +152,18 @@ def normalize_path(path: str) -> str:
 
 def _run(driver: Driver, sandbox: Sandbox, op: str, path: str, *, stdin: bytes | None = None,
          limit: int = 0, deadline: float | None = None) -> bytes:
-    """`deadline`: a wall-clock time (a sandbox shares its host's clock) at which the operation
-    is killed; a write checks it once more just before it lands."""
-    if deadline is None:
-        deadline = time.time() + WRITE_DEADLINE_S
-    remaining = deadline - time.time()
+    """`deadline`: a wall-clock time (a sandbox shares its host's clock) by which the operation
+    is over. The driver kills it then (or at the policy's command_timeout_s, if sooner); the
+    program itself stops a little before, so a write always cleans up, and checks once more just
+    before it lands."""
+    now = time.time()
+    deadline = min(deadline or now + WRITE_DEADLINE_S, now + sandbox.spec.limits.command_timeout_s)
+    remaining = deadline - now
     if remaining <= 0:
         raise WorkspaceError(*ERRORS["ETIMEDOUT"])
+    stop_at = deadline - min(1.0, remaining / 4)
     stdout, stderr, status = [], [], None
-    argv = ["python3", "-I", "-c", FILE_PROGRAM, op, path, str(limit), repr(deadline)]
+    argv = ["python3", "-I", "-c", FILE_PROGRAM, op, path, str(limit), repr(stop_at)]
     for item in driver.exec(sandbox, argv, cwd=WORKSPACE, stdin=stdin, timeout_s=remaining):
         if isinstance(item, Chunk):
             (stdout if item.stream == "stdout" else stderr).append(item.data)

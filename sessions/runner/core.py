@@ -228,9 +228,10 @@ class Runner:
 
     async def _file(self, message: dict) -> dict:
         if message["type"] == "file.put":
-            # From now, not from when the job starts: a write queued behind a long command must
-            # still land before its caller stops waiting, or never.
-            deadline = time.time() + message.get("deadline_s", WRITE_DEADLINE_S)
+            # The sender's deadline, or ours from now if that is sooner (never from when the job
+            # starts): a write queued behind a long command lands before its caller stops waiting,
+            # or never.
+            deadline = min(message.get("deadline", float("inf")), time.time() + WRITE_DEADLINE_S)
             work = lambda live: self.blocking(  # noqa: E731
                 lambda: file_put(live.driver, live.sandbox, message["path"], message["data"], deadline=deadline))
         else:

@@ -9,11 +9,13 @@ A build reports its progress as a phase and a fraction of the whole: debootstrap
 machine-readable mode (`--debian-installer`: P:/I:/E: records on descriptor 3), and each of its
 phases is weighted by the share of the build it took here (docs/architecture.md, "Root filesystem")."""
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +25,7 @@ from pathlib import Path
 from django.conf import settings
 
 from sessions.runtimes.base import RuntimeUnavailable
+from sessions.runtimes.linux import unmount
 
 IMAGE = "airlock/sandbox:bookworm"
 DIGEST_LABEL = "airlock.rootfs.digest"
@@ -120,7 +123,7 @@ def _reuse(progress: Callable[[str], None]) -> RootFS | None:
 
 def _build_locked(base: Path, progress: Callable[[str], None], meter: Meter) -> RootFS:
     partial = base.with_name(base.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    _remove_partial(partial)
     tree = partial / "tree"
     tree.mkdir(parents=True)
     log_path = partial / "debootstrap.log"
@@ -198,6 +201,22 @@ class DebootstrapRecords:
         self.meter(self.fraction, self.text)
 
 
+def _remove_partial(partial: Path) -> None:
+    """What an interrupted build left: debootstrap mounts /proc and /sys in its tree and only
+    unmounts them on a clean exit, so those go first (deepest first), then the files."""
+    if not partial.exists():
+        return
+    with open("/proc/self/mounts") as mounts:
+        inside = [Path(line.split()[1].replace("\\040", " ")) for line in mounts]
+    for mount in sorted((m for m in inside if m.is_relative_to(partial)), key=lambda m: len(m.parts), reverse=True):
+        unmount(mount)
+    try:
+        shutil.rmtree(partial)
+    except OSError as exc:
+        raise RuntimeUnavailable(f"an earlier, interrupted build left {partial}, which cannot be removed ({exc}); "
+                                 "remove it, then run build_rootfs again") from None
+
+
 def _printf(fmt: str, args: Iterable[str]) -> str:
     """debootstrap's printf formats hold only %s."""
     parts = fmt.split("%s")
@@ -217,9 +236,15 @@ def _spawn_with_records(command: list[str], log_path: Path, on_record: Callable[
                 (os.POSIX_SPAWN_DUP2, log.fileno(), 2), (os.POSIX_SPAWN_DUP2, write_end, 3)])
         finally:
             os.close(write_end)
-    with os.fdopen(read_end, encoding="utf-8", errors="replace") as records:
-        for line in records:
-            on_record(line)
+    try:
+        with os.fdopen(read_end, encoding="utf-8", errors="replace") as records:
+            for line in records:
+                on_record(line)
+    except BaseException:  # Ctrl-C, say: debootstrap does not outlive its build
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+        raise
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 

@@ -358,3 +358,13 @@ def test_allow_this_is_not_offered_for_a_shell_or_a_request_a_rule_would_still_l
                                              reason="test", ticket="", actor=None)
     assert policy.versions.count() == before  # nothing drafted
     assert allow_this(client_for(alice), plain).status_code == 201 and policy.versions.count() == before + 1
+
+
+def test_a_denial_whose_narrow_rule_is_published_says_so_instead_of_failing(acme, alice, client_for):
+    policy = publish(acme, "default", ENFORCED)
+    denial = record(acme, policy, {"bin": "make", "args": ["test"]}, ago=timedelta(minutes=1))
+    assert allow_this(client_for(alice), denial).status_code == 201
+    services.version_publish(version=policy.versions.first(), actor=None, note="allow make test")
+    page = client_for(alice).get(f"/t/acme/denials/{denial.pk}/")
+    assert page.status_code == 200 and "already allows exactly this request" in page.content.decode()
+    assert allow_this(client_for(alice), denial).status_code == 302  # refused with its reason, nothing drafted

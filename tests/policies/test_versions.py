@@ -47,6 +47,14 @@ def test_a_version_whose_own_tests_fail_cannot_be_published(policy, alice):
     assert policy.published_version() is None
 
 
+def test_a_version_allowing_an_address_egress_never_reaches_is_saved_but_not_published(policy, alice):
+    version = services.version_create(policy=policy, source=V1 + "network: {egress: allowlist, allow: "
+                                      "['169.254.169.254:80', 'pypi.org:443']}\n", actor=alice)
+    with pytest.raises(ValidationError, match="cloud metadata address"):
+        services.version_publish(version=version, actor=alice, note="try")
+    assert policy.published_version() is None
+
+
 def test_an_invalid_document_is_not_saved(policy, alice):
     with pytest.raises(DocumentError):
         services.version_create(policy=policy, source="commands: [{id: x, bin: /bin/sh}]", actor=alice)

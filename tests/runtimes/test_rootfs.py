@@ -15,6 +15,7 @@ from django.core.management import CommandError, call_command
 from sessions.management.commands.build_rootfs import Bar
 from sessions.runtimes import rootfs
 from sessions.runtimes.base import RuntimeUnavailable
+from sessions.runtimes.linux import is_mount_point, mount_tmpfs, unmount
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,3 +146,18 @@ def test_the_tree_keeps_nothing_of_the_host_that_built_it(built_rootfs):
     assert "nameserver" not in (etc / "resolv.conf").read_text()
     hosts = (etc / "hosts").read_text(errors="replace").split() if (etc / "hosts").exists() else []
     assert os.uname().nodename not in hosts
+
+
+def test_a_build_after_an_interrupted_one_clears_the_mounts_it_left(failing_debootstrap):
+    """debootstrap mounts /proc in its tree and unmounts it only on a clean exit."""
+    partial = Path(rootfs.cache_dir()) / f"{rootfs.recipe_hash()}.partial"
+    left = partial / "tree" / "proc"
+    left.mkdir(parents=True)
+    mount_tmpfs(left, size_bytes=2**20, uid=0, gid=0)
+    try:
+        with pytest.raises(RuntimeUnavailable, match="Couldn't download InRelease"):  # the build's own error
+            rootfs.build(progress=lambda line: None)
+        assert not is_mount_point(left)
+    finally:
+        if is_mount_point(left):
+            unmount(left)

@@ -1,10 +1,12 @@
 """The agent-facing session API on real bubblewrap sandboxes (docs/architecture.md, "API")."""
 
 import os
+import time
 from pathlib import Path
 
 from controlplane.models import ApiKeyScope, AuditEvent
-from policies_app.models import DecisionRecord
+from policies_app.models import DecisionRecord, PolicyVersion
+from sessions import services
 from sessions.models import CommandRun, Session
 from sessions.runtimes import get_driver
 from tests.sessions.conftest import POLICY, publish, run_on
@@ -219,6 +221,18 @@ def test_a_write_refused_for_quota_or_size_leaves_the_old_file_exactly_as_it_was
     assert agent.run(session, "pytest", "keep.py").json()["exit_code"] == 0  # still the file it was
 
 
+def test_a_write_removes_what_a_killed_write_left_behind(agent):
+    session = agent.open()
+    # What a write SIGKILLed mid-way (its sandbox killed, say) leaves: a hidden temporary file.
+    agent.put(session, "plant.py", b"open('.airlock-put-0123456789abcdef', 'w').write('half')\n"
+                                   b"import os\nos.makedirs('d', exist_ok=True)\n"
+                                   b"open('d/.airlock-put-feedfacefeedface', 'w').write('half')\n")
+    assert agent.run(session, "python3", "plant.py").json()["exit_code"] == 0
+    assert agent.put(session, "d/new.py", b"x = 1\n").status_code == 204
+    assert agent.put(session, "top.py", b"y = 2\n").status_code == 204
+    assert workspace_files(agent, session) == {"./plant.py", "./d/new.py", "./top.py"}
+
+
 def test_a_write_keeps_the_mode_of_the_file_it_replaces(agent):
     session = agent.open()
     agent.put(session, "run.py", b"print('v1')\n")
@@ -248,7 +262,7 @@ def test_a_write_queued_past_its_deadline_never_lands(agent, runner):
     agent.put(session, "wait.py", b"import time\ntime.sleep(3)\n")
     assert agent.run(session, "python3", "wait.py", wait=False).status_code == 202
     reply = run_on(runner, runner.handle({"type": "file.put", "session": session["id"], "path": "keep.py",
-                                          "data": b"new\n", "deadline_s": 1}), timeout=30)
+                                          "data": b"new\n", "deadline": time.time() + 1}), timeout=30)
     assert reply["ok"] is False and reply["error"] == "runner_timeout", reply
     assert agent.run(session, "sleep", "1").json()["exit_code"] == 0  # after wait.py, in the same queue
     assert agent.get(session, "keep.py").content == b"old\n"
@@ -278,6 +292,18 @@ def test_a_policy_that_names_a_driver_runs_there_whatever_the_default(agent, acm
     session = agent.open()
     assert session["driver"] == "bubblewrap"
     assert agent.run(session, "printf", "on bubblewrap").json()["output"] == "on bubblewrap"
+
+
+def test_a_version_stored_before_the_driver_was_optional_follows_its_source(acme_policy, settings):
+    """Such a version's document says `driver: bubblewrap` whether or not its author wrote it."""
+    settings.AIRLOCK_RUNTIME = "docker"
+    document = {**acme_policy.document, "runtime": {**acme_policy.document["runtime"], "driver": "bubblewrap"}}
+    old = PolicyVersion.objects.create(policy=acme_policy.policy, number=acme_policy.number + 1, document=document,
+                                       source=acme_policy.source, sha256="0" * 64)
+    assert services.driver_of(old) == ("docker", False)
+    named = PolicyVersion.objects.create(policy=acme_policy.policy, number=acme_policy.number + 2, document=document,
+                                         source=acme_policy.source + "runtime: {driver: bubblewrap}\n", sha256="1" * 64)
+    assert services.driver_of(named) == ("bubblewrap", True)
 
 
 def test_ending_a_session_destroys_its_workspace_and_revokes_its_token(agent):

@@ -67,4 +67,8 @@ class Command(BaseCommand):
         except RuntimeUnavailable as exc:
             bar.end()
             raise CommandError(str(exc)) from None
+        except KeyboardInterrupt:
+            bar.end()
+            self.stderr.write("build_rootfs: interrupted; the next build starts over")
+            sys.exit(130)
         bar.say(self.style.SUCCESS(f"root filesystem {built.digest} at {built.path}"))
