@@ -59,7 +59,9 @@ class CompiledPolicy:
     expiring: frozenset[str] = frozenset()  # programs with a rule that has an `expires`
     egress_entries: tuple[tuple[bool, str, int] | None, ...] = ()  # network.allow, parsed (when an allowlist)
     # The refusal of a program no rule names depends only on the version and the name: kept.
-    unknown_bins: dict[str, "_Refusal"] = field(default_factory=dict, compare=False, repr=False)
+    # For a program that runs code it depends on the arguments and cwd too (the hint judges what
+    # it would run): kept by the whole request, as agents repeat theirs.
+    unknown_bins: dict[str | tuple, "_Refusal"] = field(default_factory=dict, compare=False, repr=False)
 
 
 def compile_policy(document: PolicyDocument, ref: VersionRef) -> CompiledPolicy:
@@ -177,12 +179,14 @@ def _check_exec(compiled: CompiledPolicy, request: ExecRequest,
                         f"use a cwd inside {WORKSPACE}", hard=True), None
     rules = compiled.rules_by_bin.get(request.bin)
     if not rules:
-        refusal = compiled.unknown_bins.get(request.bin)
+        runs_code = lint.runs_any_code(request.bin) is not None
+        key = (request.bin, tuple(request.args), request.cwd) if runs_code else request.bin
+        refusal = compiled.unknown_bins.get(key)
         if refusal is None:
             refusal = _bin_not_allowed(compiled, request, at)
-            # A program that runs code is answered from its arguments (what it would run instead).
-            if len(compiled.unknown_bins) < UNKNOWN_BINS_KEPT and lint.runs_any_code(request.bin) is None:
-                compiled.unknown_bins[request.bin] = refusal
+            cacheable = isinstance(key, str) or (not compiled.expiring and sum(map(len, request.args)) <= 1024)
+            if len(compiled.unknown_bins) < UNKNOWN_BINS_KEPT and cacheable:
+                compiled.unknown_bins[key] = refusal
         return refusal, None
     if request.bin in compiled.expiring:
         now = at or datetime.now(UTC)
