@@ -2,8 +2,9 @@
 non-default environment (settings read once, at import), and the runner in-process with
 settings changed before it starts (those it reads as it goes)."""
 
+import asyncio
+import contextlib
 import http.client
-import itertools
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from http.cookies import SimpleCookie
@@ -31,6 +33,7 @@ from websockets.sync.client import connect
 
 from controlplane.models import ApiKeyScope
 from sessions.models import Runner
+from sessions.runner import records
 from sessions.runtimes import get_driver, rootfs
 from sessions.runtimes.base import Limits, SandboxSpec
 from tests.browser.conftest import _free_port
@@ -52,6 +55,14 @@ policy = policies.policy_create(tenant=tenant, name="default", actor=None)
 policies.version_publish(version=policies.version_create(policy=policy, source=DEMO_POLICY, actor=None),
                          actor=None, note="test")
 print(services.api_key_create(tenant=tenant, name="agent", scopes=[ApiKeyScope.SESSIONS], actor=None).key)
+"""
+# A command that marks its start, waits until the test opens its gate (a file the test writes into
+# the sandbox's workspace from the host: file calls would queue behind busy threads), marks its end.
+GATED = b"""import os, time
+open('started', 'w').close()
+while not os.path.exists('go'):
+    time.sleep(0.05)
+open('ended', 'w').close()
 """
 
 
@@ -133,6 +144,17 @@ class Deployment:
     def run(self, session: dict, *argv: str) -> tuple[int, dict]:
         return call_api(self.url, "POST", f"/api/v1/sessions/{session['id']}/commands", bearer=session["token"],
                         body={"bin": argv[0], "args": list(argv[1:]), "wait": True})
+
+    def workspace(self, session: dict) -> Path:
+        """The session's /workspace as the host sees it (the server's bubblewrap sandboxes)."""
+        return self.data / "sandboxes" / "bubblewrap" / session["id"] / "workspace"
+
+    def command_states(self, session: dict) -> list[str]:
+        """The states of the session's commands, from the server's database, oldest first."""
+        with contextlib.closing(sqlite3.connect(self.database)) as db:
+            return [state for (state,) in db.execute(
+                "SELECT state FROM agent_sessions_commandrun WHERE session_id = ? ORDER BY created_at",
+                (uuid.UUID(session["id"]).hex,))]
 
 
 def _cookie(headers: list[str], name: str):
@@ -274,26 +296,42 @@ def test_airlock_max_file_bytes_bounds_the_files_written_and_read(deployment, sa
 
 
 def test_airlock_api_threads_bounds_the_api_calls_that_wait_for_a_runner(deployment, sandboxes):
-    sessions = [deployment.open(), deployment.open()]
-    for session in sessions:
-        assert deployment.put(session, "nap.py", b"import time\ntime.sleep(3)\n")[0] == 204
-    results = []
-    waiting = [threading.Thread(target=lambda s=s: results.append(deployment.run(s, "python3", "nap.py")))
-               for s in sessions]
-    for thread in waiting:
-        thread.start()
-    time.sleep(0.8)  # both calls wait for their command, on the server's two API threads
-    started = time.monotonic()
-    assert call_api(deployment.url, "GET", "/api/v1/whoami", bearer=deployment.key)[0] == 200
-    answered_at_once = time.monotonic() - started
-    started = time.monotonic()
-    assert call_api(deployment.url, "GET", f"/api/v1/sessions/{sessions[0]['id']}", bearer=deployment.key)[0] == 200
-    queued = time.monotonic() - started
-    for thread in waiting:
-        thread.join(30)
-    assert [status for status, _ in results] == [200, 200] and all(r["exit_code"] == 0 for _, r in results)
-    assert answered_at_once < 1.0  # not an API call that waits for a runner
-    assert queued > 1.2, f"a third call that waits for a runner was answered in {queued:.2f} s"
+    first, second, third = sessions = [deployment.open() for _ in range(3)]
+    for session in (first, second):
+        assert deployment.put(session, "gated.py", GATED)[0] == 204
+    assert deployment.put(third, "say.py", b"print('served')\n")[0] == 204
+    answers = {}
+
+    def call(session: dict, script: str) -> None:
+        answers[session["id"]] = deployment.run(session, "python3", script)
+
+    calls = {session["id"]: threading.Thread(target=call, args=(session, script))
+             for session, script in ((first, "gated.py"), (second, "gated.py"), (third, "say.py"))}
+    states = deployment.command_states
+    try:
+        for session in (first, second):
+            calls[session["id"]].start()
+        # Both calls now hold the server's two API threads: their commands wait at their gates.
+        wait_until(lambda: states(first) == states(second) == ["running"], what="the two gated commands")
+        calls[third["id"]].start()
+        assert call_api(deployment.url, "GET", "/api/v1/whoami", bearer=deployment.key)[0] == 200
+        assert states(first) == states(second) == ["running"]  # answered while both threads were busy
+        calls[third["id"]].join(1)  # the chance to be served, had the server a third thread
+        assert calls[third["id"]].is_alive() and states(third) == []  # the view has not even run
+        (deployment.workspace(first) / "go").touch()
+        for session in (first, third):
+            calls[session["id"]].join(30)
+        assert states(second) == ["running"]  # the third call had the thread the first one freed
+    finally:
+        for session in sessions:
+            (deployment.workspace(session) / "go").touch()
+        for thread in calls.values():
+            if thread.ident is not None:
+                thread.join(30)
+    assert all(answers[s["id"]][0] == 200 and answers[s["id"]][1]["exit_code"] == 0 for s in sessions), answers
+    first_end, second_end = (datetime.fromisoformat(answers[s["id"]][1]["ended_at"]) for s in (first, second))
+    created = datetime.fromisoformat(answers[third["id"]][1]["created_at"])
+    assert first_end <= created < second_end, (first_end, created, second_end)
 
 
 def test_airlock_workspace_repos_gives_a_tenant_its_own_and_every_tenant_the_shared(deployment, sandboxes):
@@ -319,21 +357,33 @@ def test_airlock_redact_values_never_reach_command_output_or_the_access_log(depl
 # -- the runner, in-process --------------------------------------------------------------------
 
 def test_runners_beat_every_heartbeat_s_and_one_silent_for_dead_after_s_is_declared_dead(transactional_db,
-                                                                                           settings):
-    settings.AIRLOCK_RUNNER_HEARTBEAT_S, settings.AIRLOCK_RUNNER_DEAD_AFTER_S = 1, 3
-    last_beat = timezone.now() - timedelta(seconds=2)
-    Runner.objects.create(id="silent", hostname="elsewhere", pid=1, heartbeat_at=last_beat)
+                                                                                           settings, monkeypatch):
+    settings.AIRLOCK_RUNNER_HEARTBEAT_S, settings.AIRLOCK_RUNNER_DEAD_AFTER_S = 1, 10
+    waits = []  # what the heartbeat task asks to wait before each beat
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay, *args, **kwargs):
+        task = asyncio.current_task()
+        if task is not None and task.get_coro().__qualname__ == "Runner._beat":
+            waits.append(delay)
+        return await real_sleep(delay, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
     with running_runner() as runner:
-        beats, deadline = set(), time.monotonic() + 3.5
-        while time.monotonic() < deadline:
+        beats = set()
+
+        def beaten() -> bool:
             beats.add(Runner.objects.get(pk=runner.id).heartbeat_at)
-            time.sleep(0.05)
-        silent = Runner.objects.get(pk="silent")
-    beats = sorted(beats)
-    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(beats)]
-    assert len(beats) >= 3 and max(gaps) < 1.6, gaps  # the default would beat every 2 s
-    assert silent.stop_reason == "stopped answering (no heartbeat)"
-    assert (silent.stopped_at - last_beat).total_seconds() >= 3  # not before it was silent that long
+            return len(beats) >= 4  # its registration, then three beats
+
+        wait_until(beaten, timeout_s=30, what="three heartbeats")
+    assert len(waits) >= 3 and set(waits) == {1}, waits  # the default would wait 2 s
+    now = timezone.now()
+    Runner.objects.create(id="silent", hostname="elsewhere", pid=1, heartbeat_at=now - timedelta(seconds=10 + 1))
+    Runner.objects.create(id="quiet", hostname="elsewhere", pid=2, heartbeat_at=now - timedelta(seconds=10 - 5))
+    assert records.runners_declare_dead(local_pids_gone=False, exclude=runner.id) == ["silent"]
+    assert Runner.objects.get(pk="silent").stop_reason == "stopped answering (no heartbeat)"
+    assert Runner.objects.get(pk="quiet").stopped_at is None  # silent, but not for dead-after yet
 
 
 def test_airlock_runner_reap_interval_s_is_how_often_orphan_sandboxes_are_destroyed(agent, settings):
@@ -357,7 +407,29 @@ def test_airlock_runner_threads_bounds_the_commands_that_run_at_once(transaction
     with running_runner():
         agent = Agent(api, make_key(acme, scopes=[ApiKeyScope.SESSIONS]).key)
         sessions = [agent.open() for _ in range(5)]
-        commands = [(session, agent.run(session, "sleep", "2", wait=False).json()) for session in sessions]
+        workspaces = {s["id"]: get_driver("bubblewrap").sandbox_dir / s["id"] / "workspace" for s in sessions}
+        for session in sessions:
+            assert agent.put(session, "gated.py", GATED).status_code == 204
+        commands = [(session, agent.run(session, "python3", "gated.py", wait=False).json()) for session in sessions]
+
+        def marked(name: str) -> set[str]:
+            return {session_id for session_id, workspace in workspaces.items() if (workspace / name).exists()}
+
+        try:
+            wait_until(lambda: len(marked("started")) >= 4, timeout_s=30, what="four commands to start")
+            time.sleep(1)  # the chance to start, had the fifth a thread
+            running = marked("started")
+            assert len(running) == 4 and not marked("ended"), running  # four run at once, all at their gates
+            (fifth,) = set(workspaces) - running
+            released = sorted(running)[0]
+            for session_id in (released, fifth):
+                (workspaces[session_id] / "go").touch()
+            wait_until(lambda: fifth in marked("started"), timeout_s=30, what="the fifth command to start")
+            # It started once the released one had ended, while the three others still ran.
+            assert marked("ended") - {fifth} == {released}
+        finally:
+            for workspace in workspaces.values():
+                (workspace / "go").touch()
 
         def finished():
             found = [agent.as_session(s).get(f"/api/v1/sessions/{s['id']}/commands/{c['id']}").json()
@@ -365,10 +437,7 @@ def test_airlock_runner_threads_bounds_the_commands_that_run_at_once(transaction
             return found if all(command["state"] == "exited" for command in found) else None
 
         done = wait_until(finished, timeout_s=30, what="the five commands")
-    # Time between being marked running and ending, beyond the command's own run: the wait for a thread.
-    waited = sorted((datetime.fromisoformat(c["ended_at"]) - datetime.fromisoformat(c["started_at"]))
-                    .total_seconds() - c["duration_ms"] / 1000 for c in done)
-    assert waited[3] < 1.0 and waited[4] > 1.2, waited  # four ran at once; the fifth waited for one of them
+    assert [command["exit_code"] for command in done] == [0] * 5
 
 
 def test_airlock_rootfs_dir_is_where_sandboxes_find_their_root_filesystem(agent, settings, tmp_path):
