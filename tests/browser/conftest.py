@@ -112,7 +112,7 @@ def demo_server(tmp_path_factory):
         process.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # sync_playwright runs an event loop on this thread: not past the module
 def browser():
     _require_chromium()
     from playwright.sync_api import sync_playwright
