@@ -90,12 +90,15 @@ try:
                 os.fchmod(f.fileno(), mode)
             if written != limit:
                 raise OSError(errno.EPIPE, "short body")
+            signal.setitimer(signal.ITIMER_REAL, 0)  # no alarm between the rename and the answer
             if time.time() > deadline:
                 raise OSError(errno.ETIMEDOUT, "past the deadline")
             os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
-            signal.setitimer(signal.ITIMER_REAL, 0)
         except BaseException:
-            os.unlink(temp, dir_fd=fd)
+            try:
+                os.unlink(temp, dir_fd=fd)
+            except FileNotFoundError:
+                pass
             raise
     elif op == "get":
         fd = parent_fd(parts[:-1], False)
