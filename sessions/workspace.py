@@ -120,13 +120,16 @@ except OSError as exc:
     sys.stderr.write(errno.errorcode.get(exc.errno, "EIO"))
     sys.exit(3)
 """
+QUOTA_DETAIL = ("the workspace is full (its size is the policy's limits.disk_mb), and a replaced file needs room "
+                "for its old and new content until the write lands; free space by writing an empty file over a "
+                "large one, then write again")
 ERRORS = {
     "ENOENT": ("not_found", "no such file in the workspace"),
     "EISDIR": ("is_a_directory", "the path is a directory"),
     "ENOTDIR": ("not_a_directory", "a component of the path is not a directory"),
     "ELOOP": ("symlink_refused", "the path goes through a symbolic link; links are never followed"),
-    "ENOSPC": ("quota_exceeded", "the workspace is full (its size is the policy's limits.disk_mb)"),
-    "EDQUOT": ("quota_exceeded", "the workspace is full (its size is the policy's limits.disk_mb)"),
+    "ENOSPC": ("quota_exceeded", QUOTA_DETAIL),
+    "EDQUOT": ("quota_exceeded", QUOTA_DETAIL),
     "EFBIG": ("file_too_large", "the file is larger than the API serves"),
     "EACCES": ("permission_denied", "the sandbox's user may not access this path, or it is not a regular file"),
     "EPIPE": ("workspace_error", "the file's content did not arrive whole; the workspace is unchanged"),
