@@ -1,6 +1,7 @@
 """Writes of sessions and command runs. Each state change is a conditional UPDATE (the state
 machine of models.SessionQuerySet.transition) and its live event leaves after commit."""
 
+import functools
 from datetime import timedelta
 
 from django.conf import settings
@@ -34,11 +35,16 @@ def driver_of(version: PolicyVersion) -> tuple[str, bool]:
     """The driver a session of this version runs on, and whether the policy named it (else it
     is the deployment's AIRLOCK_RUNTIME). Read from the source as its author wrote it: versions
     stored before `runtime.driver` became optional hold `bubblewrap` in their document either way."""
-    try:
-        runtime = parse_yaml(version.source).runtime
-    except DocumentError:  # a source today's schema refuses: its stored document still says
-        runtime = Runtime.model_validate(version.document["runtime"])
+    runtime = _runtime_as_written(version.source) or Runtime.model_validate(version.document["runtime"])
     return runtime.driver_for(settings.AIRLOCK_RUNTIME), runtime.driver is not None or runtime.isolation == "gvisor"
+
+
+@functools.lru_cache(maxsize=256)  # a version's source never changes: parse it once, not per session
+def _runtime_as_written(source: str) -> Runtime | None:
+    try:
+        return parse_yaml(source).runtime
+    except DocumentError:  # a source today's schema refuses: its stored document still says
+        return None
 
 
 @transaction.atomic
