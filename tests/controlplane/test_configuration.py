@@ -205,7 +205,7 @@ def test_airlock_channel_prefix_keeps_deployments_that_share_a_redis_apart(tmp_p
         finally:
             await layer.close_pools()
 
-    def run(coroutine):  # on a thread of its own: the browser tests may have left a loop running on this one
+    def run(coroutine):  # on a thread of its own, whatever loop this thread may have
         with ThreadPoolExecutor(1) as thread:
             return thread.submit(asyncio.run, coroutine).result()
 
