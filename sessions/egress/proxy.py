@@ -57,8 +57,8 @@ class Resolver:
 
     async def resolve(self, host: str, port: int) -> tuple[list[tuple[Address, int]], bool]:
         """(addresses with their ports, whether they bypass the deny set)."""
-        if (host.lower(), port) in self.test_hosts or host.lower() in self.test_hosts:
-            address, mapped_port = self.test_hosts.get((host.lower(), port)) or self.test_hosts[host.lower()]
+        if host.lower() in self.test_hosts:
+            address, mapped_port = self.test_hosts[host.lower()]
             return [(ipaddress.ip_address(address), mapped_port)], True
         literal = egress.ip_literal(host)
         if literal is not None:

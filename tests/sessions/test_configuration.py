@@ -39,7 +39,7 @@ from sessions.runtimes.base import Limits, SandboxSpec
 from tests.browser.conftest import _free_port
 from tests.http import call_api
 from tests.sessions.conftest import Agent, running_runner
-from tests.sessions.test_cluster import wait_until
+from tests.sessions.test_cluster import _manage, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.2"  # loopback, but not the default 127.0.0.1: AIRLOCK_HOST is seen to matter
@@ -74,13 +74,6 @@ def _git_repository(path: Path, files: dict) -> Path:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(path), *args],
                        check=True, capture_output=True)
     return path
-
-
-def _manage(env: dict, *args: str) -> str:
-    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 @dataclass
