@@ -12,20 +12,14 @@ Targets (2 cores): create p95 <= 50 ms, exec round trip p95 <= 40 ms, output to 
 p95 <= 50 ms. Traffic goes to loopback only."""
 
 import argparse
-import http.client
 import json
 import os
-import re
 import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,6 +31,7 @@ import django  # noqa: E402
 django.setup()
 
 from figures import host_notes, percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
+from server import Api, start_server  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 from sessions.runtimes import get_driver  # noqa: E402
@@ -47,10 +42,6 @@ commands:
   - {id: "true", bin: "true", max_args: 0}
   - {id: python3, bin: python3, deny_args: ["^-"]}
 """
-SEED = ("import os; from controlplane.models import Tenant; from policies_app import services as s; "
-        "t = Tenant.objects.get(slug='demo'); p = s.policy_create(tenant=t, name='bench', actor=None); "
-        "v = s.version_create(policy=p, actor=None, source=os.environ['BENCH_POLICY']); "
-        "s.version_publish(version=v, actor=None, note='bench')")
 STAMPS = b"import time\nfor _ in range(40):\n    print(repr(time.time()), flush=True)\n    time.sleep(0.02)\n"
 
 
@@ -60,37 +51,6 @@ def line(name: str, samples: list[float], target: float | None = None) -> str:
     p50, p95 = percentiles(samples)
     verdict = "" if target is None else ("  ok" if p95 <= target else f"  ABOVE target {target:g} ms")
     return f"  {name:<38} p50 {p50:7.1f} ms   p95 {p95:7.1f} ms   (n={len(samples)}){verdict}"
-
-
-class Api:
-    """One keep-alive HTTP connection (one per thread)."""
-
-    def __init__(self, url: str, key: str):
-        parts = urlsplit(url)
-        self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
-        self.key = key
-
-    def call(self, method: str, path: str, body=None, *, token: str | None = None, raw: bytes | None = None):
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        self.connection.request(method, path, body=data, headers={
-            "Authorization": f"Bearer {token or self.key}", "Content-Type": "application/json"})
-        response = self.connection.getresponse()
-        content = response.read()
-        return response.status, json.loads(content) if content else None
-
-    def open(self, policy: str) -> dict:
-        status, session = self.call("POST", "/api/v1/sessions", {"conversation_id": "bench", "policy": policy})
-        assert status == 201, session
-        return session
-
-    def run(self, session: dict, bin_name: str, *args: str, wait: bool = True) -> dict:
-        status, body = self.call("POST", f"/api/v1/sessions/{session['id']}/commands",
-                                 {"bin": bin_name, "args": list(args), "wait": wait}, token=session["token"])
-        assert status in {200, 202}, body
-        return body
-
-    def end(self, session: dict) -> None:
-        self.call("DELETE", f"/api/v1/sessions/{session['id']}", token=session["token"])
 
 
 def timed(function, *args) -> tuple[float, object]:
@@ -178,35 +138,6 @@ def bench_bare_driver(runs: int) -> list[float]:
         driver.destroy(sandbox)
 
 
-def start_server() -> tuple[str, str, subprocess.Popen, Path]:
-    data = Path(tempfile.mkdtemp(prefix="airlock-bench-"))
-    data.chmod(0o711)
-    env = {**{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}},
-           "AIRLOCK_DATA_DIR": str(data), "SECRET_KEY": "bench-only-" + "x" * 60, "BENCH_POLICY": POLICY,
-           "AIRLOCK_LOG_LEVEL": "WARNING"}
-
-    def manage(*args: str) -> str:
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,
-                              capture_output=True, text=True).stdout
-
-    manage("migrate", "--no-input", "-v", "0")
-    key = re.search(r"alk_\S+", manage("demo_setup")).group(0)
-    manage("shell", "-c", SEED)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "controlplane.serve", "-b", "127.0.0.1", "-p", str(port),
-                               "controlplane.asgi:application"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    return f"http://127.0.0.1:{port}", key, server, data
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url")
@@ -218,7 +149,7 @@ def main() -> None:
     if options.url:
         url, key = options.url, options.key
     else:
-        url, key, server, data = start_server()
+        url, key, server, data = start_server(POLICY)
     try:
         api = Api(url, key)
         api.open(options.policy)  # the first request starts the embedded runner: not measured

@@ -187,6 +187,20 @@ AIRLOCK_SANDBOX_DIR = env_str(
     "AIRLOCK_SANDBOX_DIR", "/var/lib/airlock/sandboxes" if _AS_ROOT else str(DATA_DIR / "sandboxes")
 )
 
+# Egress (docs/architecture.md, "Egress"). The server's port, which no sandbox reaches through its
+# proxy whatever the policy says (the database's and Redis's ports neither).
+AIRLOCK_PORT = env_int("AIRLOCK_PORT", 8000, minimum=1)
+# FOR TESTS AND BENCHMARKS ONLY, never production: "name=127.0.0.1:port,..." makes every session's
+# proxy resolve `name` to that loopback upstream, past the deny set (start-up logs a warning).
+AIRLOCK_EGRESS_TEST_HOSTS = {}
+for _item in env_list("AIRLOCK_EGRESS_TEST_HOSTS", []):
+    _name, _, _target = _item.partition("=")
+    _address, _, _port = _target.rpartition(":")
+    if not (_name and _port.isdigit() and 0 < int(_port) < 65536 and _address in {"127.0.0.1", "[::1]"}):
+        raise ImproperlyConfigured(f"AIRLOCK_EGRESS_TEST_HOSTS: {_item!r} is not name=127.0.0.1:port (test upstreams "
+                                   "are on loopback only)")
+    AIRLOCK_EGRESS_TEST_HOSTS[_name.lower()] = (_address.strip("[]"), int(_port))
+
 # The runner: embedded in the server (the default), or `manage.py runner` processes when REDIS_URL
 # is set and AIRLOCK_EMBEDDED_RUNNER is off. A runner that misses heartbeats for
 # AIRLOCK_RUNNER_DEAD_AFTER_S is declared dead: its sessions fail and its sandboxes are reaped.

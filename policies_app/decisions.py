@@ -4,6 +4,7 @@ with a draft to show what it would change before it is published."""
 
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,11 +15,11 @@ from django.utils import timezone
 
 from controlplane.models import Tenant
 from controlplane.redaction import redact, redact_data
-from policies_app import exceptions
+from policies_app import egress, exceptions
 from policies_app.document import PolicyDocument
 from policies_app.engine import CompiledPolicy, Decision, VersionRef, compile_policy, evaluate, evaluate_egress
 from policies_app.models import DecisionRecord, Policy, PolicyVersion
-from policies_app.rollups import count_decision
+from policies_app.rollups import count_decision, count_decisions
 from policies_app.services import version_ref
 
 COMPILED_CACHE_SIZE = 256
@@ -54,14 +55,19 @@ class Evaluation:
     decision: Decision
     record: DecisionRecord | None
     shadow: Decision | None = None
+    shadow_version: PolicyVersion | None = None
+    eval_us: int = 0
+    policy: Policy | None = None  # as read for this decision (its shadow named there)
 
 
 def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=None, conversation_id: str = "",
            version: PolicyVersion | None = None, secrets: Iterable[str] = (), record: bool = True,
-           kind: str = "exec", at: datetime | None = None) -> Evaluation:
+           kind: str = "exec", at: datetime | None = None, count: bool | None = None) -> Evaluation:
     """Judge one request of `kind` (exec: a command; egress: an outbound connection) with
     `version` (default: the policy's published one), then the policy's exceptions. A use of an
-    exception is counted only when the decision is recorded."""
+    exception is counted when the decision is recorded here, or when `count` says it will be
+    (store_taken, later)."""
+    count = record if count is None else count
     judge = EVALUATORS[kind]
     version = version or (policy.published_version() if policy is not None else None)
     at = at or timezone.now()
@@ -69,7 +75,7 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
     decision = judge(compiled_version(version), request, at) if version else _nothing_published(policy)
     eval_us = (time.perf_counter_ns() - started) // 1000
     if version is not None:
-        decision = _with_exceptions(kind, tenant, policy, version, request, decision, at, count=record)
+        decision = _with_exceptions(kind, tenant, policy, version, request, decision, at, count=count)
     shadow_version = policy.shadow_version if policy is not None and policy.shadow_version_id else None
     shadow = None
     if shadow_version is not None:  # the policy's exceptions hold under the candidate too
@@ -83,15 +89,15 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
                         shadow_effect=shadow.effect if shadow else "",
                         shadow_reason_code=(shadow.reason_code or "") if shadow else "",
                         shadow_rule_id=(shadow.rule_id or "") if shadow else "")
-    return Evaluation(decision=decision, record=stored, shadow=shadow)
+    return Evaluation(decision=decision, record=stored, shadow=shadow, shadow_version=shadow_version, eval_us=eval_us)
 
 
 def _with_exceptions(kind: str, tenant: Tenant, policy: Policy | None, version: PolicyVersion, request: dict,
                      decision: Decision, at: datetime, *, count: bool) -> Decision:
-    if kind != "exec":
+    if kind not in exceptions.GRANTABLE:
         return decision
     return exceptions.apply(tenant=tenant, policy=policy, compiled=compiled_version(version), request=request,
-                            decision=decision, at=at, count=count)
+                            decision=decision, at=at, count=count, kind=kind)
 
 
 def refuse(*, tenant: Tenant, version: PolicyVersion | None, kind: str, request: dict, reason_code: str,
@@ -113,6 +119,49 @@ def allow_file(*, tenant: Tenant, version: PolicyVersion, request: dict, session
                         version.document.get("mode", "enforce"), version_ref(version))
     return Evaluation(decision=decision, record=_store(tenant, version, "file", request, decision, 0, session_id,
                                                        conversation_id, tuple(secrets)))
+
+
+@dataclass
+class Taken:
+    """A decision taken at once and recorded a moment later with others (an egress proxy's:
+    one per connection, too many for a write each). Its id is known before it is stored, so
+    the answer that carries it can leave first."""
+
+    id: uuid.UUID
+    tenant: Tenant
+    version: PolicyVersion
+    kind: str
+    request: dict
+    decision: Decision
+    created_at: datetime
+    session_id: object = None
+    conversation_id: str = ""
+    command_id: object = None
+    eval_us: int = 0
+    shadow_version: PolicyVersion | None = None
+    shadow: Decision | None = None
+
+
+def store_taken(taken: Iterable[Taken], secrets: Iterable[str] = ()) -> None:
+    """Record decisions already answered: one INSERT for all, one upsert per rollup row."""
+    secrets = tuple(secrets)
+    records = []
+    for item in taken:
+        decision, shadow = item.decision, item.shadow
+        records.append(DecisionRecord(
+            id=item.id, tenant=item.tenant, session_id=item.session_id, command_id=item.command_id,
+            conversation_id=item.conversation_id, policy_version=item.version, mode=decision.mode, kind=item.kind,
+            request=redact_data(item.request, secrets), allowed=decision.allowed,
+            subject=redact(subject_of(item.kind, item.request), secrets)[:255], effect=decision.effect,
+            reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
+            message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=item.eval_us,
+            created_at=item.created_at, shadow_version=item.shadow_version if shadow else None,
+            shadow_allowed=shadow.allowed if shadow else None, shadow_effect=shadow.effect if shadow else "",
+            shadow_reason_code=(shadow.reason_code or "") if shadow else "",
+            shadow_rule_id=(shadow.rule_id or "") if shadow else ""))
+    with transaction.atomic():
+        DecisionRecord.objects.bulk_create(records, batch_size=500)
+        count_decisions(records)
 
 
 def _store(tenant, version, kind, request, decision: Decision, eval_us: int, session_id, conversation_id,
@@ -186,9 +235,10 @@ def replay(*, policy: Policy, compiled: CompiledPolicy, limit: int = REPLAY_DEFA
     """Re-judge the last `limit` requests recorded under this policy; report where the verdict
     flips. A verdict is the rules' (effect `allow` or not), so audit mode does not hide a flip.
     Requests are stored redacted, so a flip that hinges on a redacted value is not seen; what an
-    exception allowed is not the rules' verdict and is left out."""
+    exception allowed, and what egress's guards refused, is not the rules' verdict and is left out."""
     records = (DecisionRecord.objects.filter(tenant=policy.tenant, kind__in=EVALUATORS, policy_version__policy=policy)
-               .exclude(rule_id__startswith=exceptions.RULE_PREFIX).order_by("-created_at")
+               .exclude(rule_id__startswith=exceptions.RULE_PREFIX)
+               .exclude(kind="egress", reason_code__in=egress.GUARD_REASONS).order_by("-created_at")
                .values_list("request", "effect", "kind")[:limit])
     groups: dict[tuple, FlipGroup] = {}
     replayed = widenings = breakages = 0

@@ -103,6 +103,7 @@ def denial_detail(request, decision_id):
 def _render_denial(request, record: DecisionRecord, exception_form: ExceptionForm | None = None, status: int = 200):
     return render(request, "policies_app/denial_detail.html", {
         "section": "denials", "record": record, "not_narrowable": narrowing.why_not(record),
+        "request_json": json.dumps(record.request, indent=2, ensure_ascii=False),
         "allow_form": AllowThisForm(), "exception_form": exception_form or ExceptionForm(),
         "exceptions": exception_list(request.tenant).filter(from_decision=record.pk)}, status=status)
 

@@ -15,6 +15,8 @@ from policies_app import egress
 ReasonCode = Literal[
     "schema_invalid", "bin_not_allowed", "arg_denied", "path_outside_workspace", "egress_denied",
     "limit_exceeded", "session_not_active", "default_deny",
+    # Egress guards that hold whatever the policy says (docs/architecture.md, "Egress").
+    "egress_ip_literal", "egress_address_denied", "egress_fronting", "egress_not_tls", "egress_control_plane",
 ]
 BARE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
 RULE_ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
@@ -94,6 +96,9 @@ class Network(Strict):
     egress: Literal["none", "allowlist"] = "none"
     allow: list[str] = Field(default_factory=list, max_length=256,
                              description="host:port or *.suffix:port entries reachable through the proxy")
+    max_bytes: int | None = Field(None, ge=1, description="bytes a session may move through its proxy, both ways")
+    max_connections: int | None = Field(None, ge=1, le=10000,
+                                        description="connections a session may hold open through its proxy at once")
 
     @field_validator("allow")
     @classmethod
@@ -156,7 +161,7 @@ class ExecRequest(Strict):
 class EgressRequest(Strict):
     """An outbound connection a sandboxed command asks the egress proxy for."""
 
-    host: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.-]+$")
+    host: str = Field(min_length=1, max_length=253, pattern=r"^([A-Za-z0-9.-]+|[0-9A-Fa-f:.]+)$")  # a name, or IPv6
     port: int = Field(ge=1, le=65535)
 
 

@@ -22,6 +22,10 @@ from publicsuffixlist import PublicSuffixList
 
 HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 ENTRY = re.compile(rf"(?P<wildcard>\*\.)?(?P<host>{HOST}|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{{1,5}})")
+# Egress refusals no rule decides: the proxy's guards, whatever the policy says. Replay leaves them
+# out (a draft cannot change them), and neither "Allow this" nor an exception is offered.
+GUARD_REASONS = {"egress_address_denied", "egress_fronting", "egress_not_tls", "egress_control_plane",
+                 "limit_exceeded"}
 # Hosts where an allow to fetch is also an allow to push: lint says so.
 CODE_HOSTS = {"github.com", "gitlab.com", "bitbucket.org", "codeberg.org"}
 METADATA = ipaddress.ip_address("169.254.169.254")

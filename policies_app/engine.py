@@ -117,18 +117,23 @@ def evaluate_egress(compiled: CompiledPolicy, request: dict | EgressRequest, at:
                                           "send {host: <name>, port: <number>}", hard=True))
     target = f"{request.host.lower()}:{request.port}"
     allowed = [item.lower() for item in network.allow] if network.egress == "allowlist" else []
+    literal = egress.ip_literal(request.host)
+    if literal is not None and (why := egress.denied_address(literal, this_host=False)):  # listed or not
+        return _decide(compiled, _Refusal(
+            "egress_address_denied", None, f"{target}: {literal} is {why}, which egress never reaches",
+            "no policy can allow it; reach the service by a public name the policy allows", hard=True))
     for entry, parsed in zip(allowed, compiled.egress_entries, strict=True):
         if egress.admits(parsed, request.host, request.port):
             shown = target if entry == target else f"{target} (by {entry})"
             return Decision(True, "allow", None, "network.allow", f"allowed: {shown} is on the egress allowlist of "
                             f"{ref.label()}", "", compiled.document.mode, ref)
-    literal = egress.ip_literal(request.host)
-    if literal is not None and (why := egress.denied_address(literal, this_host=False)):
-        refusal = _Refusal("egress_denied", None, f"{target}: {literal} is {why}, which egress never reaches",
-                           "no policy can allow it; reach the service by a public name the policy allows", hard=True)
-    elif not allowed:
+    if not allowed:
         refusal = _Refusal("egress_denied", None, f"{ref.label()} allows no network egress ({target})",
                            f"a security admin can set network.egress: allowlist with allow: [\"{target}\"]")
+    elif literal is not None:
+        refusal = _Refusal("egress_ip_literal", None, f"{target} is an IP address the egress allowlist does not name",
+                           "reach the service by a name on the allowlist; a security admin can name this address "
+                           f"itself ({target}) if it has no name")
     else:
         near = difflib.get_close_matches(target, allowed, n=1, cutoff=0.6)
         refusal = _Refusal("egress_denied", None, f"{target} is not on the egress allowlist",

@@ -137,9 +137,9 @@ def lint(document: PolicyDocument) -> list[LintWarning]:
         if any(host == code or host.endswith("." + code) or code.endswith("." + host) for code in egress.CODE_HOSTS):
             warnings.append(LintWarning("network", f"`{entry}` is a code host: allowing it to fetch also allows "
                                                    "pushing to it, so code or data can leave through it"))
-    if document.network.egress == "allowlist":
-        warnings.append(LintWarning("network", "egress `allowlist` is not enforced yet: sandboxes have no network "
-                                               "at all until the egress proxy ships"))
+    if document.network.egress == "allowlist" and not document.network.allow:
+        warnings.append(LintWarning("network", "egress is an allowlist with no entries: every connection is refused "
+                                               "(each one a recorded denial)"))
     return warnings
 
 

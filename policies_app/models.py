@@ -99,6 +99,8 @@ class DecisionRecord(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="+")
     session_id = models.UUIDField(null=True, blank=True)
+    # The command that was running when an egress connection was attempted (none for the rest).
+    command_id = models.UUIDField(null=True, blank=True)
     conversation_id = models.CharField(max_length=200, blank=True)
     policy_version = models.ForeignKey(PolicyVersion, null=True, blank=True, on_delete=models.PROTECT,
                                        related_name="+")
@@ -171,16 +173,21 @@ class DecisionRollup(models.Model):
 
 class PolicyException(models.Model):
     """A narrow, temporary grant: this tenant's policy allows exactly this program with exactly
-    these arguments in this cwd until `expires_at`, for a stated reason or ticket. It is
-    consulted only when the policy's rules deny (never for a hard refusal), counted each time it
-    allows, and never honoured once expired or revoked (see policies_app/exceptions.py)."""
+    these arguments in this cwd (kind exec), or exactly this host and port (kind egress), until
+    `expires_at`, for a stated reason or ticket. It is consulted only when the policy's rules
+    deny (never for a hard refusal), counted each time it allows, and never honoured once
+    expired or revoked (see policies_app/exceptions.py)."""
 
+    KINDS = [("exec", "exec"), ("egress", "egress")]
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="+")
     policy = models.ForeignKey(Policy, on_delete=models.CASCADE, related_name="exceptions")
-    bin = models.CharField(max_length=64)
+    kind = models.CharField(max_length=10, choices=KINDS, default="exec")
+    bin = models.CharField(max_length=64, blank=True)
     args = models.JSONField(default=list)
     cwd = models.CharField(max_length=1000, default="/workspace")
+    host = models.CharField(max_length=253, blank=True)  # egress: the exact host and port
+    port = models.PositiveIntegerField(null=True, blank=True)
     reason = models.TextField()
     ticket = models.CharField(max_length=100, blank=True)
     expires_at = models.DateTimeField()
@@ -205,6 +212,9 @@ class PolicyException(models.Model):
 
     @property
     def command(self) -> str:
+        """What it allows, in one line: the command, or host:port."""
+        if self.kind == "egress":
+            return f"{self.host}:{self.port}"
         return " ".join([self.bin, *self.args])
 
     def state(self, now=None) -> str:

@@ -1,7 +1,9 @@
 """From a denial to the narrowest fix: a draft version that allows exactly the denied request.
 
-The rule names the exact program and the exact arguments that were sent, in their order
-(`exact_args`), optionally until an expiry, and carries a test proving it. It is a draft:
+For a command, the rule names the exact program and the exact arguments that were sent, in
+their order (`exact_args`), optionally until an expiry, and carries a test proving it. For an
+egress connection, the draft adds exactly its `host:port` to `network.allow` (turning
+`egress: none` into an allowlist of that one entry). It is a draft:
 a security admin reads its replay and publishes it, or not. Hard refusals (a path out of the
 workspace, a limit, a malformed request, an inactive session) are not the rules' to waive, and a
 request stored with a redacted secret cannot be allowed exactly: neither is offered. Nor is a
@@ -15,12 +17,13 @@ from datetime import UTC, datetime
 import yaml
 from pydantic import ValidationError
 
-from policies_app import lint, services
+from policies_app import egress, lint, services
 from policies_app.document import BARE_NAME, PolicyDocument
 from policies_app.engine import VersionRef, compile_policy, evaluate
 from policies_app.models import DecisionRecord, PolicyVersion
 
 NARROWABLE = {"bin_not_allowed", "arg_denied", "default_deny"}
+NARROWABLE_EGRESS = {"egress_denied", "egress_ip_literal"}
 
 
 class NotNarrowable(Exception):
@@ -29,6 +32,8 @@ class NotNarrowable(Exception):
 
 def why_not(record: DecisionRecord) -> str | None:
     """Why this denial cannot become a rule (or an exception), or None when it can."""
+    if record.kind == "egress":
+        return _why_not_egress(record)
     if reason := _not_a_rules_request(record):
         return reason
     if lint.program(record.request["bin"]) in lint.SHELLS:
@@ -46,6 +51,52 @@ def why_not(record: DecisionRecord) -> str | None:
     if not verdict.allowed:
         return f"even a rule for exactly this request leaves it refused ({verdict.message.removeprefix('denied: ')})"
     return None
+
+
+def egress_entry(record: DecisionRecord) -> str:
+    """The allowlist entry for exactly the host and port of an egress decision."""
+    host, port = str(record.request.get("host", "")), record.request.get("port")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _why_not_egress(record: DecisionRecord) -> str | None:
+    request = record.request if isinstance(record.request, dict) else {}
+    if record.reason_code not in NARROWABLE_EGRESS:
+        return (f"a `{record.reason_code}` refusal holds whatever the policy says (docs/architecture.md, "
+                "\"Egress\")")
+    if record.policy_version_id is None:
+        return "no policy version decided it"
+    if "[redacted]" in str(request.get("host", "")):
+        return "the host held a secret and was stored redacted, so it is unknown"
+    entry = egress_entry(record)
+    try:
+        egress.parse_entry(entry)
+    except egress.InvalidEntry as exc:
+        return str(exc)
+    if reason := egress.unreachable_entry(entry):
+        return reason
+    base = record.policy_version.policy.published_version() or record.policy_version
+    network = base.document.get("network") or {}
+    if network.get("egress") == "allowlist" and entry in network.get("allow", []):
+        return f"v{base.number} already allows exactly {entry}"
+    return None
+
+
+def _draft_egress(record: DecisionRecord, actor) -> PolicyVersion:
+    entry = egress_entry(record)
+    base = record.policy_version.policy.published_version() or record.policy_version
+    document = dict(base.document)
+    network = dict(document.get("network") or {})
+    was = network.get("egress", "none")
+    network["allow"] = [*(network.get("allow", []) if was == "allowlist" else []), entry]
+    network["egress"] = "allowlist"
+    document["network"] = network
+    header = (f"# Drafted by \"Allow this\" from denial {record.id} ({record.reason_code}) on v{base.number}:\n"
+              f"# network.allow gains exactly {entry}"
+              + (" (egress was none: now an allowlist of that one entry)" if was != "allowlist" else "") + ".\n")
+    return services.version_create(
+        policy=base.policy, source=header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True),
+        actor=actor, note=f"Allow this: egress to {entry} (denial {record.id})", parent=base)
 
 
 def _not_a_rules_request(record: DecisionRecord) -> str | None:
@@ -81,6 +132,10 @@ def draft_allowing(*, record: DecisionRecord, actor, expires: datetime | None = 
     decided) with the narrow rule (allowing nothing after `expires`, when given) and a test."""
     if reason := why_not(record):
         raise NotNarrowable(reason)
+    if record.kind == "egress":
+        if expires is not None:
+            raise NotNarrowable("an allowlist entry has no expiry; grant a temporary exception instead")
+        return _draft_egress(record, actor)
     document, rule, request, base = _drafted(record, expires)
     policy = base.policy
     until = f" until {rule['expires']}" if expires else ""

@@ -13,6 +13,7 @@ rows. So a period up to 48 h is counted in whole hours from the hour it starts i
 one in whole days (UTC) from the day it starts in."""
 
 import re
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
@@ -87,6 +88,12 @@ def argument_pattern(request: dict) -> str:
 def count_decision(record: DecisionRecord) -> None:
     """Add one decision to its rollup rows."""
     _add([(key, 1) for key in rollup_keys(record)])
+
+
+def count_decisions(records: list[DecisionRecord]) -> None:
+    """Add many decisions to their rollup rows, one upsert per distinct row."""
+    counted = Counter(key for record in records for key in rollup_keys(record))
+    _add(list(counted.items()))
 
 
 def _add(counted: list[tuple[tuple, int]]) -> None:

@@ -11,7 +11,8 @@ if command -v runsc >/dev/null; then
 import json, pathlib, sys
 path = pathlib.Path("/etc/docker/daemon.json")
 config = json.loads(path.read_text() or "{}") if path.exists() else {}
-wanted = {"path": sys.argv[1], "runtimeArgs": ["--network=none"]}
+# No network; a sandbox may connect to the host's Unix socket mounted into it (its egress proxy).
+wanted = {"path": sys.argv[1], "runtimeArgs": ["--network=none", "--host-uds=open"]}
 if config.get("runtimes", {}).get("runsc") != wanted:
     config.setdefault("runtimes", {})["runsc"] = wanted
     path.write_text(json.dumps(config, indent=2) + "\n")
@@ -20,7 +21,7 @@ PY
 fi
 
 if docker info >/dev/null 2>&1; then
-  if command -v runsc >/dev/null && ! docker info --format '{{json .Runtimes}}' | grep -q runsc; then
+  if command -v runsc >/dev/null && ! docker info --format '{{json .Runtimes}}' | grep -q host-uds; then
     say "Reloading dockerd to pick up runsc"
     kill -HUP "$(pidof dockerd)"
     sleep 1

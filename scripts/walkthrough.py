@@ -136,10 +136,10 @@ def expect(condition: bool, number: str, what: str, step: dict) -> None:
 
 def check(steps: list[tuple[str, str]], key: str, port: int, started: float) -> None:
     results = run_steps(steps, key, port)
-    for number in ("1", "2", "3", "4", "6"):
+    for number in ("1", "2", "3", "4", "5", "7"):
         if number not in results:
             raise StepFailed(f"step {number} is missing from the README's walk-through")
-    one, two, three, four, six = (results[n] for n in ("1", "2", "3", "4", "6"))
+    one, two, three, four, five, seven = (results[n] for n in ("1", "2", "3", "4", "5", "7"))
     session = answer(one, "1")
     expect(one["statuses"] == [201] and session.get("state") == "ready" and session.get("token"), "1",
            "a session should be created (201, state ready, with its token)", one)
@@ -153,21 +153,25 @@ def check(steps: list[tuple[str, str]], key: str, port: int, started: float) -> 
     expect(four["statuses"] == [403] and denial.get("error") == "command_denied" and decision.get("hint")
            and decision.get("reason_code"), "4", "the command should be denied (403) with a reason and a hint", four)
     expect("can add `bash`" not in decision["hint"], "4", "the hint must not suggest allowing a shell", four)
-    ended = answer(six, "6")
-    expect(six["statuses"] == [200] and ended.get("state") == "ended", "6", "the session should end (200, ended)",
-           six)
+    fetched = answer(five, "5")
+    expect(five["statuses"] == [204, 200] and fetched.get("exit_code") == 1
+           and "HTTP Error 403: Airlock egress_denied: example.org:80 is not on the egress allowlist"
+           in fetched.get("output", ""), "5", "the fetch should meet the egress proxy's 403 (egress_denied)", five)
+    ended = answer(seven, "7")
+    expect(seven["statuses"] == [200] and ended.get("state") == "ended", "7", "the session should end (200, ended)",
+           seven)
     token, session_id = results["vars"]["token"], results["vars"]["id"]
     request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/sessions/{session_id}",
                                      headers={"Authorization": f"Bearer {token}"})
     try:
         urllib.request.urlopen(request, timeout=10)  # noqa: S310 - an http://127.0.0.1 URL
-        raise StepFailed("step 6: the ended session's token still works")
+        raise StepFailed("step 7: the ended session's token still works")
     except urllib.error.HTTPError as refused:
         if refused.code != 401:
-            raise StepFailed(f"step 6: the ended session's token got {refused.code}, not 401") from None
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:  # step 5: the dashboard
+            raise StepFailed(f"step 7: the ended session's token got {refused.code}, not 401") from None
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:  # step 6: the dashboard
         if page.status != 200 or b'name="password"' not in page.read():
-            raise StepFailed("step 5: the dashboard's sign-in page did not load")
+            raise StepFailed("step 6: the dashboard's sign-in page did not load")
 
 
 def main() -> int:

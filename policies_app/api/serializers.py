@@ -94,6 +94,9 @@ class EvaluateSerializer(serializers.Serializer):
 class ExceptionSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     policy = serializers.CharField(source="policy.name")
+    kind = serializers.CharField()
+    host = serializers.CharField()
+    port = serializers.IntegerField(allow_null=True)
     bin = serializers.CharField()
     args = serializers.ListField(child=serializers.CharField())
     cwd = serializers.CharField()
@@ -114,12 +117,15 @@ class ExceptionSerializer(serializers.Serializer):
 
 
 class ExceptionCreateSerializer(serializers.Serializer):
-    """Either `decision` (a recorded denial: its program, arguments and cwd) or `policy` + `bin`
-    (+ `args`, `cwd`); and either `expires_at` or `ttl_s`."""
+    """Either `decision` (a recorded denial: its program, arguments and cwd, or its host and
+    port), or `policy` + `bin` (+ `args`, `cwd`), or `policy` + `host` + `port` (one egress
+    destination); and either `expires_at` or `ttl_s`."""
 
     decision = serializers.UUIDField(required=False)
     policy = Slug(required=False, max_length=63)
     bin = Text(required=False, max_length=64)
+    host = Text(required=False, max_length=253)
+    port = serializers.IntegerField(required=False, min_value=1, max_value=65535)
     args = serializers.ListField(child=Text(allow_blank=True, trim_whitespace=False),
                                  required=False, default=list, max_length=1000)
     cwd = Text(required=False, default="/workspace", max_length=1000)
@@ -131,6 +137,13 @@ class ExceptionCreateSerializer(serializers.Serializer):
     def validate(self, data):
         if ("expires_at" in data) == ("ttl_s" in data):
             raise serializers.ValidationError({"expires_at": "give expires_at or ttl_s (one of them)"})
-        if "decision" not in data and not (data.get("policy") and data.get("bin")):
-            raise serializers.ValidationError({"bin": "give decision, or policy and bin"})
+        if "decision" in data:
+            return data
+        if data.get("host") or "port" in data:
+            if data.get("bin"):
+                raise serializers.ValidationError({"bin": "an exception is for a command or for a host, not both"})
+            if not (data.get("policy") and data.get("host") and "port" in data):
+                raise serializers.ValidationError({"host": "give policy, host and port"})
+        elif not (data.get("policy") and data.get("bin")):
+            raise serializers.ValidationError({"bin": "give decision, or policy and bin, or policy, host and port"})
         return data

@@ -19,7 +19,7 @@ from policies_app.decisions import compiled_version, decide, decision_payload, r
 from policies_app.denials import DenialFilter
 from policies_app.denials import summary as denial_summary
 from policies_app.document import DocumentError, json_schema
-from policies_app.exceptions import exception_from_denial, exception_grant, exception_list
+from policies_app.exceptions import exception_from_denial, exception_grant, exception_grant_egress, exception_list
 from policies_app.exceptions import exception_revoke as revoke
 from policies_app.insights import insights
 from policies_app.lint import lint
@@ -175,7 +175,7 @@ def policy_schema(request):
 
 @extend_schema(methods=["GET"], responses=s.ExceptionSerializer(many=True), summary="Exceptions, newest first")
 @extend_schema(methods=["POST"], request=s.ExceptionCreateSerializer, responses={201: s.ExceptionSerializer},
-               summary="Grant a temporary exception for exactly one command")
+               summary="Grant a temporary exception for exactly one command, or one egress host:port")
 @api_view(["GET", "POST"])
 @permission_classes([HasScope.by_method(read="policies:read", write="policies:write")])
 def exceptions(request):
@@ -190,6 +190,10 @@ def exceptions(request):
                                    pk=data["decision"], tenant=tenant, effect__in=["deny", "audit_deny"])
         grant = exception_from_denial(record=record, expires_at=expires_at, reason=data["reason"],
                                       ticket=data["ticket"], actor=request.auth)
+    elif data.get("host"):
+        grant = exception_grant_egress(policy=selectors.policy_get(tenant, data["policy"]), host=data["host"],
+                                       port=data["port"], expires_at=expires_at, reason=data["reason"],
+                                       ticket=data["ticket"], actor=request.auth)
     else:
         grant = exception_grant(policy=selectors.policy_get(tenant, data["policy"]), bin_name=data["bin"],
                                 args=data["args"], cwd=data["cwd"], expires_at=expires_at, reason=data["reason"],

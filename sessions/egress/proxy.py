@@ -18,10 +18,12 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from policies_app import egress
+from sessions.egress.forward import HANDOFF, TAKEN
+from sessions.egress.pump import pump, ready
 from sessions.egress.tls import NotTLS, client_hello
 
 log = logging.getLogger("airlock.egress")
@@ -30,16 +32,24 @@ HEAD_LIMIT = 16384
 HEAD_TIMEOUT_S = 10
 CONNECT_TIMEOUT_S = 10
 TLS_PORTS = {443, 8443}
+SOCKET_BUFFER = 4 << 20
+MAX_CLIENTS = 512  # connections one session's proxy serves at once, judged or not
 CONNECT_LINE = re.compile(rb"CONNECT ([A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5}) HTTP/1\.[01]")
 ABSOLUTE_LINE = re.compile(rb"([A-Z]{3,10}) http://([A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]+\])(?::([0-9]{1,5}))?"
                            rb"(/[^ ]*)? (HTTP/1\.[01])")
 
-# decide(host, port) -> the decision as the API shows it ({allowed, reason_code, rule_id, ...})
-Decide = Callable[[str, int], Awaitable[dict]]
-# report(host, port, reason_code, message): a refusal the proxy made itself after the policy
-# allowed (the deny set, fronting, a limit), for the caller to record as a decision.
-Report = Callable[[str, int, str, str], Awaitable[None]]
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class Judge(Protocol):
+    """Who decides for the proxy, and keeps the record (the runner, for one session)."""
+
+    async def decide(self, host: str, port: int) -> dict:
+        """The policy's decision on `host:port`, as the API shows it (no id yet)."""
+
+    def record(self, host: str, port: int, decision: dict, policy: dict) -> dict:
+        """Record the attempt's final decision, once (`policy`, or a guard's refusal in its
+        place); returns it as recorded (with its id)."""
 
 
 @dataclass
@@ -68,191 +78,304 @@ class Resolver:
 
 
 class Refused(Exception):
-    """A request refused before any upstream byte: the 403 (or 400) the client gets."""
+    """A refusal the client gets as an HTTP answer: 400 for what is not a proxy request, 403 for
+    a denial (its decision recorded), 502 when an allowed upstream cannot be reached."""
 
-    def __init__(self, status: int, reason_code: str, message: str, hint: str = "", decision: dict | None = None):
+    def __init__(self, status: int, reason_code: str, message: str, hint: str = "", *, rule_id: str | None = None,
+                 decision: dict | None = None):
         super().__init__(message)
         self.status, self.reason_code, self.message, self.hint = status, reason_code, message, hint
-        self.decision = decision or {"allowed": False, "reason_code": reason_code, "rule_id": None,
-                                     "message": message, "hint": hint}
+        self.rule_id, self.decision = rule_id, decision
+
+    def overruling(self, policy: dict) -> dict:
+        """This refusal as the decision recorded in place of the policy's allow: a hard deny,
+        in whatever mode, against the same version."""
+        return {"allowed": False, "effect": "deny", "reason_code": self.reason_code, "rule_id": self.rule_id,
+                "message": f"denied: {self.message}", "hint": self.hint, "mode": policy.get("mode"),
+                "policy_version": policy.get("policy_version")}
 
 
 class EgressProxy:
-    def __init__(self, *, path: str, decide: Decide, report: Report | None = None, resolver: Resolver | None = None,
-                 limits: Limits | None = None, unreachable: set[tuple[Address, int]] | None = None):
-        self.path, self.decide, self.report = path, decide, report
+    def __init__(self, *, path: str, judge: Judge, resolver: Resolver | None = None, limits: Limits | None = None,
+                 control_ports: set[int] | None = None):
+        self.path, self.judge = path, judge
         self.resolver = resolver or Resolver()
         self.limits = limits or Limits()
-        self.unreachable = unreachable or set()  # the control plane's own listeners, whatever the policy says
+        # The control plane's own ports (server, database, Redis): never reached on this host,
+        # whatever the policy or a test mapping says.
+        self.control_ports = control_ports or set()
         self.bytes_moved = 0
         self.open_connections = 0
-        self._server: asyncio.AbstractServer | None = None
+        self._budget_recorded = False
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
 
-    async def start(self, *, mode: int = 0o600) -> None:
+    async def start(self, *, mode: int = 0o600, owner: int | None = None) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        self._server = await asyncio.start_unix_server(self._accept, path=self.path, limit=HEAD_LIMIT)
-        os.chmod(self.path, mode)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(self.path)
+            if owner is not None:
+                os.chown(self.path, owner, owner)
+            os.chmod(self.path, mode)
+            listener.listen(512)
+            listener.setblocking(False)
+        except BaseException:
+            listener.close()
+            raise
+        self._listener = listener
+        self._accepting = asyncio.create_task(self._accept())
 
     async def close(self) -> None:
         """Stop listening, cut every connection, remove the socket: nothing of it is left."""
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.gather(self._accepting, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._tasks.add(task)
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                client, _ = await loop.sock_accept(self._listener)
+            except OSError:  # out of descriptors, say: the next one may work
+                log.exception("the egress proxy at %s could not accept", self.path)
+                await asyncio.sleep(0.1)
+                continue
+            if len(self._tasks) >= MAX_CLIENTS:  # a sandbox holding connections open must not exhaust our descriptors
+                client.close()
+                continue
+            task = asyncio.create_task(self._handle(client))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, connection: socket.socket) -> None:
+        client = connection
         try:
-            await self._serve(reader, writer)
+            client, first = await self._client_of(connection)
+            if client is connection:  # room for a burst towards the sandbox (TCP tunes its own)
+                with contextlib.suppress(OSError):
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            await self._serve(client, first)
         except Refused as refusal:
-            await _refuse(writer, refusal)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            with contextlib.suppress(OSError):
+                await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(client, _answer(refusal)),
+                                       HEAD_TIMEOUT_S)
+        except (OSError, TimeoutError):  # the client or the upstream left, or stalled
             pass
         finally:
-            self._tasks.discard(task)
-            writer.close()
+            client.close()
+            connection.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-        except asyncio.LimitOverrunError:
-            raise Refused(400, "schema_invalid", f"the request head is over {HEAD_LIMIT} bytes") from None
+    async def _client_of(self, connection: socket.socket) -> tuple[socket.socket, bytes]:
+        """Whom to serve, and what it sent first. The forwarder hands over the sandbox's own
+        connection (one byte, HANDOFF, with the socket attached): then that socket is served
+        directly, its bytes never crossing the forwarder. Anything else is served as it came."""
+        while True:
+            try:
+                data, fds, _flags, _address = socket.recv_fds(connection, 65536, 1)
+                break
+            except BlockingIOError:
+                await asyncio.wait_for(ready(connection.fileno()), HEAD_TIMEOUT_S)
+        handed = _stream_socket(fds)
+        if not data.startswith(HANDOFF):
+            if handed is not None:
+                handed.close()  # a descriptor beside a request is not ours to keep
+            return connection, data
+        if handed is None:  # the marker, but no usable socket with it: carry this connection's bytes
+            await asyncio.get_running_loop().sock_sendall(connection, b"N")
+            return connection, data[1:]
+        with contextlib.suppress(OSError):  # read by the forwarder's first hand-over only
+            connection.send(TAKEN)
+        return handed, data[1:]
+
+    async def _serve(self, client: socket.socket, first: bytes = b"") -> None:
+        head, rest = await self._head(client, first)
         line = head.split(b"\r\n", 1)[0]
         if match := CONNECT_LINE.fullmatch(line):
             host, port, forward = match[1].decode().strip("[]").lower(), int(match[2]), None
         elif match := ABSOLUTE_LINE.fullmatch(line):
             host, port = match[2].decode().strip("[]").lower(), int(match[3] or 80)
             origin_line = b" ".join([match[1], match[4] or b"/", match[5]])
-            forward = origin_line + head[len(line):]
+            forward = origin_line + head[len(line):] + rest
         else:
             raise Refused(400, "schema_invalid", "send CONNECT host:port, or an absolute http:// URL, to this proxy")
         if not 1 <= port <= 65535:
             raise Refused(400, "schema_invalid", f"port {port} is not 1-65535")
-        decision = await self.decide(host, port)
-        if not decision.get("allowed"):
-            raise Refused(403, decision.get("reason_code") or "egress_denied", decision.get("message", ""),
-                          decision.get("hint", ""), decision)
+        policy = await self.judge.decide(host, port)
+        if not policy.get("allowed"):
+            recorded = self.judge.record(host, port, policy, policy)
+            raise Refused(403, policy.get("reason_code") or "egress_denied",
+                          policy.get("message", "").removeprefix("denied: "),
+                          policy.get("hint", ""), decision=recorded)
         try:
-            upstream_reader, upstream_writer = await self._connect(host, port)
+            upstream = await self._connect(host, port)
         except Refused as refusal:
-            await self._report(host, port, refusal.reason_code, refusal.message)
+            # A guard's refusal replaces the policy's allow; an upstream that is down does not.
+            refusal.decision = self.judge.record(host, port, refusal.overruling(policy) if refusal.status == 403
+                                                 else policy, policy)
             raise
+        loop = asyncio.get_running_loop()
         try:
             if forward is None:
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                await writer.drain()
+                await loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
                 try:
-                    first = await self._first_bytes(reader, host, port)
-                except _InTunnel as refusal:
-                    await self._report(host, port, "egress_denied", str(refusal))
-                    raise
-                upstream_writer.write(first)
-                self._count(len(first))
+                    first = await self._first_bytes(client, rest, host, port)
+                except Refused as refusal:  # the tunnel is open: the only answer left is to close it
+                    self.judge.record(host, port, refusal.overruling(policy), policy)
+                    return
             else:
-                upstream_writer.write(forward)
-                self._count(len(forward))
-            await self._pipe(reader, writer, upstream_reader, upstream_writer)
+                first = forward
+            self.judge.record(host, port, policy, policy)
+            if first:
+                self._count(len(first), host, port, policy)
+                await loop.sock_sendall(upstream, first)
+            await self._pipe(client, upstream, host, port, policy)
         finally:
             self.open_connections -= 1
-            upstream_writer.close()
+            upstream.close()
 
-    async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _head(self, client: socket.socket, data: bytes) -> tuple[bytes, bytes]:
+        """The request head (through its blank line), and what came after it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HEAD_TIMEOUT_S
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            if len(data) > HEAD_LIMIT:
+                raise Refused(400, "schema_invalid", f"the request head is over {HEAD_LIMIT} bytes")
+            chunk = await asyncio.wait_for(loop.sock_recv(client, 65536), max(0.01, deadline - loop.time()))
+            if not chunk:
+                raise ConnectionResetError("the client left before its request ended")
+            data += chunk
+        return data[:end + 4], data[end + 4:]
+
+    async def _connect(self, host: str, port: int) -> socket.socket:
         """Resolve once, check every address, connect to exactly a checked one."""
         if self.limits.max_connections is not None and self.open_connections >= self.limits.max_connections:
-            raise Refused(403, "limit_exceeded", f"the session already has {self.open_connections} connections open "
-                          f"(network.max_connections)", "close a connection first")
+            raise Refused(403, "limit_exceeded", f"the session already holds {self.open_connections} connections "
+                          "open, its cap (network.max_connections)", "close a connection first; a security admin "
+                          "can raise network.max_connections", rule_id="network.max_connections")
         if self.limits.max_bytes is not None and self.bytes_moved >= self.limits.max_bytes:
             raise Refused(403, "limit_exceeded", f"the session moved {self.bytes_moved} bytes, its budget "
-                          "(network.max_bytes)", "a security admin can raise network.max_bytes")
+                          "(network.max_bytes)", "a security admin can raise network.max_bytes",
+                          rule_id="network.max_bytes")
         try:
-            addresses, trusted = await self.resolver.resolve(host, port)
-        except OSError:
-            raise Refused(502, "egress_denied", f"`{host}` does not resolve", "check the name") from None
+            addresses, trusted = await asyncio.wait_for(self.resolver.resolve(host, port), CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            raise Refused(502, "upstream_unreachable", f"`{host}` does not resolve", "check the name") from None
         for address, target_port in addresses:
-            if (address, target_port) in self.unreachable:
-                raise Refused(403, "egress_denied", f"{host}:{port} is Airlock's own control plane",
+            if target_port in self.control_ports and (address.is_loopback or address in egress.host_addresses()):
+                raise Refused(403, "egress_control_plane", f"{host}:{port} is Airlock's own control plane",
                               "the control plane is never reachable from a sandbox")
             if not trusted and (why := egress.denied_address(address)):
-                raise Refused(403, "egress_denied", f"{host} resolves to {address}, {why}, which egress never "
-                              "reaches", "no policy can allow it")
+                raise Refused(403, "egress_address_denied", f"{host} resolves to {address}, {why}, which egress "
+                              "never reaches", "no policy can allow it")
         address, target_port = addresses[0]
+        upstream = socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+        upstream.setblocking(False)
         try:
-            connected = await asyncio.wait_for(asyncio.open_connection(str(address), target_port), CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(upstream, (str(address), target_port)),
+                                   CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError):
-            raise Refused(502, "egress_denied", f"{host}:{port} ({address}) did not accept the connection",
+            upstream.close()
+            raise Refused(502, "upstream_unreachable", f"{host}:{port} ({address}) did not accept the connection",
                           "the upstream is down or slow; try again") from None
+        except BaseException:
+            upstream.close()
+            raise
         self.open_connections += 1
-        return connected
+        return upstream
 
-    async def _first_bytes(self, reader: asyncio.StreamReader, host: str, port: int) -> bytes:
+    async def _first_bytes(self, client: socket.socket, data: bytes, host: str, port: int) -> bytes:
         """What the client sends first through a tunnel; to a TLS port it must be a ClientHello
         naming the CONNECT host (domain fronting and non-TLS tunnels are refused)."""
-        data = b""
+        if port not in TLS_PORTS:
+            return data
+        loop = asyncio.get_running_loop()
         while True:
-            chunk = await asyncio.wait_for(reader.read(4096), HEAD_TIMEOUT_S)
+            try:
+                hello = client_hello(data) if data else None
+            except NotTLS as exc:
+                raise Refused(403, "egress_not_tls", f"{host}:{port} is a TLS port and the tunnel did not start "
+                              f"with TLS ({exc})", "speak TLS to a TLS port (https://), or use plain http://") from None
+            if hello is not None:
+                if egress.ip_literal(host) is None and hello.server_name != host:
+                    raise Refused(403, "egress_fronting", f"the tunnel to {host} asks TLS for "
+                                  f"{hello.server_name or 'no name'}: domain fronting is refused",
+                                  "connect to the host the TLS name is for")
+                return data
+            chunk = await asyncio.wait_for(loop.sock_recv(client, 16384), HEAD_TIMEOUT_S)
             if not chunk:
                 raise ConnectionResetError("the client left")
             data += chunk
-            if port not in TLS_PORTS:
-                return data
-            try:
-                hello = client_hello(data)
-            except NotTLS as exc:
-                raise _InTunnel(f"{host}:{port} is a TLS port and the tunnel did not start with TLS ({exc})") from None
-            if hello is not None:
-                if egress.ip_literal(host) is None and hello.server_name != host:
-                    raise _InTunnel(f"the tunnel to {host} asks TLS for {hello.server_name or 'no name'}: "
-                                    "domain fronting is refused")
-                return data
 
-    async def _pipe(self, reader, writer, upstream_reader, upstream_writer) -> None:
-        async def copy(source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:
-            while chunk := await source.read(65536):
-                self._count(len(chunk))
-                target.write(chunk)
-                await target.drain()
-            with contextlib.suppress(OSError):
-                target.write_eof()
+    async def _pipe(self, client: socket.socket, upstream: socket.socket, host: str, port: int, policy: dict) -> None:
+        def count(size: int) -> int | None:
+            return self._count(size, host, port, policy)
 
         # Each way ends on its own (a half-close passes through); a failure of one ends both.
-        tasks = [asyncio.create_task(copy(reader, upstream_writer)), asyncio.create_task(copy(upstream_reader, writer))]
-        _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks = [asyncio.create_task(pump(client, upstream, count)), asyncio.create_task(pump(upstream, client, count))]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _report(self, host: str, port: int, reason_code: str, message: str) -> None:
-        if self.report is not None:
-            try:
-                await self.report(host, port, reason_code, message)
-            except Exception:  # recording must not break the answer the client is owed
-                log.exception("could not record the egress refusal of %s:%s", host, port)
-
-    def _count(self, size: int) -> None:
+    def _count(self, size: int, host: str, port: int, policy: dict) -> int | None:
+        """Count bytes moved; how many more the budget allows (None: no budget)."""
         self.bytes_moved += size
-        if self.limits.max_bytes is not None and self.bytes_moved > self.limits.max_bytes:
+        if self.limits.max_bytes is None:
+            return None
+        if self.bytes_moved > self.limits.max_bytes:
+            if not self._budget_recorded:  # the cut is a decision too, recorded once
+                self._budget_recorded = True
+                cut = Refused(403, "limit_exceeded", f"the session's byte budget ({self.limits.max_bytes} bytes, "
+                              "network.max_bytes) is spent; the connection was cut",
+                              "a security admin can raise network.max_bytes", rule_id="network.max_bytes")
+                self.judge.record(host, port, cut.overruling(policy), policy)
             raise ConnectionAbortedError("the session's byte budget (network.max_bytes) is spent")
+        return self.limits.max_bytes - self.bytes_moved
 
 
-class _InTunnel(ConnectionError):
-    """Refused after the tunnel was established: the only answer left is to close it."""
+def _stream_socket(fds: list[int]) -> socket.socket | None:
+    """The connected TCP socket a forwarder handed over, non-blocking; None (every descriptor
+    closed) for anything else a sandbox might send: a file, a pipe, a listening socket."""
+    for extra in fds[1:]:
+        os.close(extra)
+    if not fds:
+        return None
+    try:
+        handed = socket.socket(fileno=fds[0])
+    except OSError:
+        os.close(fds[0])
+        return None
+    try:
+        if handed.family not in (socket.AF_INET, socket.AF_INET6) or handed.type != socket.SOCK_STREAM:
+            raise OSError("not a TCP socket")
+        handed.getpeername()  # connected, or this raises
+        handed.setblocking(False)
+    except OSError:
+        handed.close()
+        return None
+    return handed
 
 
-async def _refuse(writer: asyncio.StreamWriter, refusal: Refused) -> None:
+def _answer(refusal: Refused) -> bytes:
     """An HTTP answer a person and a program can both read: the reason in the status line (what
     pip and curl print), plain text, then the decision as JSON."""
     phrase = re.sub(r"[^\x20-\x7e]", "?", f"Airlock {refusal.reason_code}: {refusal.message}")[:200]
     body = (f"airlock refused this connection ({refusal.reason_code}): {refusal.message}\n"
             + (f"hint: {refusal.hint}\n" if refusal.hint else "")
             + json.dumps({"error": refusal.reason_code, "decision": refusal.decision}) + "\n").encode()
-    writer.write(f"HTTP/1.1 {refusal.status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-    with contextlib.suppress(ConnectionError):
-        await writer.drain()
+    return (f"HTTP/1.1 {refusal.status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -29,6 +30,7 @@ from controlplane.redaction import configured_secrets
 from sessions.models import SessionState, runner_channel, session_group, tenant_group
 from sessions.output import CommandOutput
 from sessions.runner import records
+from sessions.runner.egress import SessionEgress, egress_root, orphan_directories, remove_directory
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import Chunk, Driver, ExitStatus, RuntimeUnavailable, Sandbox, SandboxError, Stats
 from sessions.runtimes.reaper import reap_orphans
@@ -90,6 +92,7 @@ class LiveSession:
     stats: Stats | None = None
     stats_pending: bool = False
     snapshot_seqs: set = field(default_factory=set)  # sequence numbers snapshots stopped at
+    egress: SessionEgress | None = None  # its proxy, when its policy allows egress
 
 
 class Runner:
@@ -123,6 +126,10 @@ class Runner:
         self._tasks = [asyncio.create_task(coro) for coro in (self._listen(), self._beat(), self._housekeep(),
                                                               self._publish())]
         log.info("runner %s started (%s)", self.id, "embedded" if self.embedded else "separate")
+        if settings.AIRLOCK_EGRESS_TEST_HOSTS:
+            log.warning("AIRLOCK_EGRESS_TEST_HOSTS is set: sandboxes reach %s on loopback, past egress's deny set. "
+                        "It is for tests and benchmarks only; never set it in production",
+                        ", ".join(sorted(settings.AIRLOCK_EGRESS_TEST_HOSTS)))
 
     async def _register(self) -> None:
         await self.db(records.runner_register, runner_id=self.id, embedded=self.embedded, drivers=sorted(self.drivers))
@@ -179,13 +186,16 @@ class Runner:
         spec_info = await self.db(records.sandbox_spec, session_id=session_id)
         if spec_info is None:
             return {"ok": False, "error": "session_not_active", "detail": "the session is not being created"}
-        spec, driver_name, repository = spec_info
+        spec, driver_name, repository, egress = spec_info
         live = LiveSession(id=session_id, tenant_id=message["tenant"], driver=None)
         self.live[session_id] = live
         try:
             live.driver = get_driver(driver_name)
             self.drivers.add(driver_name)
             preparing = time.perf_counter()
+            if egress is not None:
+                live.egress = SessionEgress(self, live, egress)
+                spec = dataclasses.replace(spec, egress_dir=await live.egress.start())
             live.sandbox = await self.blocking(live.driver.create, spec)
             if repository:
                 await self.blocking(checkout, live.driver, live.sandbox, repository)
@@ -297,6 +307,8 @@ class Runner:
             self._emit_output(live, command_id, stream, text)
         result = None
         started_at = await started
+        if live.egress is not None:  # whoever reads the command finds the decisions its connections made
+            await live.egress.flush()
         if started_at is not None:  # else it was cancelled meanwhile (its session ended): that state stays
             written = await self.db(records.command_finish, command_id=command_id, status=status, output=output)
             # Plain values only: the reply may cross the channel layer (msgpack).
@@ -365,6 +377,8 @@ class Runner:
             _answer_queued(live)
             if live.sandbox is not None:
                 await self.blocking(self._destroy, live)
+            if live.egress is not None:
+                await live.egress.close()
         except Exception:
             log.exception("session %s could not be released; the reaper will destroy its sandbox", live.id)
         finally:
@@ -486,6 +500,10 @@ class Runner:
             orphans = await self.db(records.orphans, present=present) - set(self.live)
             if orphans:
                 reaped += await self.blocking(reap_orphans, driver, lambda _present, orphans=orphans: orphans)
+        # Egress directories left by a runner that died (their proxies died with it).
+        leftover = orphan_directories(set(self.live))
+        for session_id in await self.db(records.orphans, present=leftover) if leftover else ():
+            await self.blocking(remove_directory, egress_root() / session_id)
         if reaped:
             await self.db(records.runner_reaped, runner_id=self.id, count=len(reaped))
         return reaped

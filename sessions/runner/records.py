@@ -9,7 +9,12 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane.models import Tenant
+from controlplane.redaction import configured_secrets
+from policies_app import decisions
+from policies_app.decisions import Evaluation
 from policies_app.document import PolicyDocument
+from policies_app.models import Policy, PolicyVersion
 from sessions import services
 from sessions.models import ACTIVE_STATES, Runner, Session, SessionState
 from sessions.output import CommandOutput
@@ -76,12 +81,30 @@ def runners_declare_dead(*, local_pids_gone: bool, exclude: str) -> list[str]:
     return dead
 
 
-def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str] | None:
+@dataclass(frozen=True)
+class EgressContext:
+    """What a session's egress proxy needs to judge and record, read once."""
+
+    session_id: str
+    tenant: Tenant
+    version: PolicyVersion
+    conversation_id: str
+    max_bytes: int | None
+    max_connections: int | None
+
+
+def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str, EgressContext | None] | None:
+    """The sandbox a session asks for, its driver, its repository, and its egress (None when its
+    policy allows none: then it gets no proxy, no socket, nothing but its own loopback)."""
     session = Session.objects.select_related("tenant", "policy_version").filter(
         pk=session_id, state=SessionState.CREATING).first()
     if session is None:
         return None
     document = PolicyDocument.model_validate(session.policy_version.document)
+    network = document.network
+    egress = EgressContext(session_id=str(session.pk), tenant=session.tenant, version=session.policy_version,
+                           conversation_id=session.conversation_id, max_bytes=network.max_bytes,
+                           max_connections=network.max_connections) if network.egress == "allowlist" else None
     limits = document.limits
     spec = SandboxSpec(
         tenant=session.tenant.slug, session_id=str(session.pk),
@@ -89,7 +112,22 @@ def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str] | None:
                       command_timeout_s=limits.command_timeout_s),
         env=dict(document.env.set), isolation="gvisor" if session.driver == "gvisor" else "standard",
     )
-    return spec, session.driver, session.workspace_source
+    return spec, session.driver, session.workspace_source, egress
+
+
+def egress_decide(*, context: EgressContext, host: str, port: int) -> Evaluation:
+    """The pinned version's decision on one connection (its exceptions and shadow included),
+    not recorded yet: egress_store records it with the proxy's outcome."""
+    policy = Policy.objects.select_related("shadow_version").get(pk=context.version.policy_id)  # its shadow now
+    evaluation = decisions.decide(tenant=context.tenant, policy=policy, request={"host": host, "port": port},
+                                  session_id=context.session_id, conversation_id=context.conversation_id,
+                                  version=context.version, record=False, count=True, kind="egress")
+    evaluation.policy = policy
+    return evaluation
+
+
+def egress_store(*, taken: list[decisions.Taken]) -> None:
+    decisions.store_taken(taken, configured_secrets())
 
 
 @dataclass(frozen=True)

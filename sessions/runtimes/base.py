@@ -14,6 +14,12 @@ from typing import Literal
 WORKSPACE = "/workspace"
 ExitReason = Literal["exited", "timeout", "killed", "oom", "output_limit"]
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# A session whose policy allows egress: its proxy's socket directory appears here, and each
+# command runs behind the forwarder, which listens on the sandbox's loopback at EGRESS_PORT.
+EGRESS_MOUNT = "/run/airlock"
+EGRESS_SOCKET = "proxy.sock"
+EGRESS_FORWARDER = "forward.py"
+EGRESS_PORT = 3128
 
 
 class RuntimeUnavailable(Exception):
@@ -43,6 +49,9 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     network: Literal["none"] = "none"
     isolation: Literal["standard", "gvisor"] = "standard"
+    # The host directory holding this session's egress proxy socket and the forwarder, mounted
+    # read-only at EGRESS_MOUNT in this sandbox alone; None: no way out at all.
+    egress_dir: str | None = None
 
     def __post_init__(self):
         # Ids become paths, cgroup and container names: only canonical UUIDs.
@@ -50,6 +59,8 @@ class SandboxSpec:
             raise SandboxError(f"session id {self.session_id!r} is not a canonical UUID")
         if self.network != "none":
             raise SandboxError(f"network {self.network!r} is not supported; sandboxes have no network")
+        if self.egress_dir is not None and not posixpath.isabs(self.egress_dir):
+            raise SandboxError(f"egress_dir {self.egress_dir!r} is not an absolute path")
 
 
 @dataclass
@@ -83,12 +94,34 @@ class Stats:
     disk_bytes: int | None
 
 
-def sandbox_env(spec_env: Mapping[str, str], exec_env: Mapping[str, str] | None) -> dict[str, str]:
-    """The whole environment of a sandboxed process: built from the policy, nothing inherited."""
+def sandbox_env(spec: "SandboxSpec", exec_env: Mapping[str, str] | None) -> dict[str, str]:
+    """The whole environment of a sandboxed process: built from the policy, nothing inherited.
+    With egress, every variable a common client reads for its proxy names the forwarder."""
     env = {"PATH": DEFAULT_PATH, "HOME": WORKSPACE, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}  # noqa: S108
-    env.update(spec_env)
+    if spec.egress_dir is not None:
+        env.update(PROXY_ENV)
+    env.update(spec.env)
     env.update(exec_env or {})
     return env
+
+
+_PROXY = f"http://127.0.0.1:{EGRESS_PORT}"
+# curl, wget, pip (requests), git (libcurl), Python's urllib and most HTTP clients read these;
+# npm reads its npm_config_ forms. The sandbox's own loopback stays direct.
+PROXY_ENV = {
+    **{name: _PROXY for base in ("http_proxy", "https_proxy", "all_proxy") for name in (base, base.upper())},
+    "npm_config_proxy": _PROXY, "npm_config_https_proxy": _PROXY,
+    "no_proxy": "localhost,127.0.0.1,::1", "NO_PROXY": "localhost,127.0.0.1,::1",
+}
+
+
+def egress_argv(spec: "SandboxSpec", argv: Sequence[str]) -> list[str]:
+    """What runs in the sandbox for `argv`: behind the forwarder when the session has egress
+    (the sandbox's own Python, isolated from the environment and the working directory)."""
+    if spec.egress_dir is None:
+        return list(argv)
+    return ["/usr/bin/python3", "-I", "-S", f"{EGRESS_MOUNT}/{EGRESS_FORWARDER}", str(EGRESS_PORT),
+            f"{EGRESS_MOUNT}/{EGRESS_SOCKET}", "--", *argv]
 
 
 def is_uuid(value: str) -> bool:

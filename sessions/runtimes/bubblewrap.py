@@ -31,6 +31,7 @@ from django.conf import settings
 
 from sessions.runtimes import rootfs
 from sessions.runtimes.base import (
+    EGRESS_MOUNT,
     WORKSPACE,
     Chunk,
     Driver,
@@ -41,6 +42,7 @@ from sessions.runtimes.base import (
     SandboxSpec,
     Stats,
     check_argv,
+    egress_argv,
     is_uuid,
     sandbox_env,
     workspace_cwd,
@@ -199,7 +201,7 @@ class BubblewrapDriver(Driver):
         timeout_s = min(timeout_s or limits.command_timeout_s, limits.command_timeout_s)
         started = time.monotonic()
         oom_before = self.cgroups.usage(sandbox.id).oom_kills if self.cgroups.available else 0
-        running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec.env, env), stdin)
+        running = self._start(sandbox, egress_argv(sandbox.spec, argv), cwd, sandbox_env(sandbox.spec, env), stdin)
         # The one deadline mechanism: it holds even when nobody reads the output.
         watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox.id, running, "timeout"))
         watchdog.daemon = True
@@ -247,6 +249,8 @@ class BubblewrapDriver(Driver):
             "--proc", "/proc", "--dev", "/dev",
             "--remount-ro", "/dev",
             "--bind", sandbox.handle["workspace"], WORKSPACE,
+            # The session's egress socket and forwarder, when its policy allows egress.
+            *(("--ro-bind", sandbox.spec.egress_dir, EGRESS_MOUNT) if sandbox.spec.egress_dir else ()),
             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",  # noqa: S108 - the sandbox's own
             "--chdir", cwd,
             "--info-fd", str(info_write), "--block-fd", str(block_read),

@@ -35,6 +35,7 @@ from requests.exceptions import RequestException
 
 from sessions.runtimes import rootfs
 from sessions.runtimes.base import (
+    EGRESS_MOUNT,
     WORKSPACE,
     Chunk,
     Driver,
@@ -45,6 +46,7 @@ from sessions.runtimes.base import (
     SandboxSpec,
     Stats,
     check_argv,
+    egress_argv,
     sandbox_env,
     workspace_cwd,
 )
@@ -58,7 +60,7 @@ STREAMS = {1: "stdout", 2: "stderr"}
 GVISOR_RUNTIME = "runsc"
 RUNSC_FIX = (
     "register gVisor with Docker: apt-get install -y runsc, put "
-    '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}} '
+    '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open"]}}} '
     "in /etc/docker/daemon.json, then reload dockerd (kill -HUP $(pidof dockerd))"
 )
 
@@ -98,6 +100,7 @@ class DockerDriver(Driver):
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._checked = False
+        self._host_uds = False  # gVisor lets a sandbox connect to a host Unix socket mounted into it
         self._image_imported = False
 
     @property
@@ -121,12 +124,17 @@ class DockerDriver(Driver):
             raise RuntimeUnavailable(_daemon_fix(exc)) from None
         if self.isolation == "gvisor" and self.gvisor_runtime not in runtimes:
             raise RuntimeUnavailable(f"Docker has no runtime {self.gvisor_runtime!r}; {RUNSC_FIX}")
+        args = runtimes.get(self.gvisor_runtime, {}).get("runtimeArgs") or []
+        self._host_uds = self.isolation != "gvisor" or any(arg in {"--host-uds=open", "--host-uds=all"} for arg in args)
         self.image_digest, self._image_imported = ensure_image(self.client)
         self._checked = True
 
     # -- lifecycle -------------------------------------------------------------------------
     def create(self, spec: SandboxSpec) -> Sandbox:
         self.check()
+        if spec.egress_dir and not self._host_uds:
+            raise SandboxError("gVisor may not connect to the session's egress socket (runsc lacks --host-uds=open); "
+                               + RUNSC_FIX)
         limits = spec.limits
         tmpfs_options = "uid=65534,gid=65534,nosuid,nodev,exec"
         pids_options = {"pids_limit": limits.pids}
@@ -152,6 +160,8 @@ class DockerDriver(Driver):
                         rootfs.DIGEST_LABEL: self.image_digest},
                 runtime=self.gvisor_runtime if self.isolation == "gvisor" else None,
                 log_config={"type": "none"},
+                # The session's egress socket and forwarder, when its policy allows egress.
+                volumes={spec.egress_dir: {"bind": EGRESS_MOUNT, "mode": "ro"}} if spec.egress_dir else None,
             )
         except APIError as exc:
             if exc.status_code == 409:
@@ -226,8 +236,9 @@ class DockerDriver(Driver):
             self._running[sandbox.id] = running
         try:
             exec_id = api.exec_create(
-                sandbox.handle["container"], list(argv), stdout=True, stderr=True, user=NOBODY, workdir=cwd,
-                environment=sandbox_env(sandbox.spec.env, env), stdin=stdin is not None,
+                sandbox.handle["container"], egress_argv(sandbox.spec, argv), stdout=True, stderr=True, user=NOBODY,
+                workdir=cwd,
+                environment=sandbox_env(sandbox.spec, env), stdin=stdin is not None,
             )["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except BaseException as exc:

@@ -34,13 +34,19 @@ RECIPE = {
     "suite": "bookworm",
     "variant": "minbase",
     "mirror": "http://deb.debian.org/debian",
-    "packages": ["ca-certificates", "git", "python3", "python3-pytest"],
+    # What an agent reaches for: git, curl, Python with pip and venv (through the egress proxy).
+    "packages": ["ca-certificates", "curl", "git", "python3", "python3-pip", "python3-pytest", "python3-venv"],
     # Paths emptied after the build: package caches and lists only bloat the image.
     "prune": ["var/cache/apt/archives", "var/lib/apt/lists", "var/cache/debconf", "var/log"],
+    # Files removed: the root is read-only, so pip installs for the user (into /workspace) and
+    # Debian's "externally managed" marker only stands in the way of that.
+    "remove": ["usr/lib/python3*/EXTERNALLY-MANAGED"],
+    # Mount points: the workspace, and /run/airlock where a session's egress socket appears.
+    "dirs": ["workspace", "run/airlock"],
     # debootstrap copies these from the building host: its name and its resolvers stay out.
     "host_files": {"etc/hostname": "sandbox\n",
                    "etc/resolv.conf": "# No resolver: a sandbox has no network (docs/architecture.md).\n"},
-    "version": 2,
+    "version": 3,
 }
 
 
@@ -260,7 +266,11 @@ def _finish_tree(tree: Path) -> None:
     for relative, text in RECIPE["host_files"].items():
         (tree / relative).unlink(missing_ok=True)  # a symlink is replaced, not followed
         (tree / relative).write_text(text)
-    (tree / "workspace").mkdir(mode=0o755, exist_ok=True)  # mount point of the workspace
+    for pattern in RECIPE["remove"]:
+        for found in tree.glob(pattern):
+            found.unlink()
+    for relative in RECIPE["dirs"]:
+        (tree / relative).mkdir(mode=0o755, parents=True, exist_ok=True)
     os.chmod(tree.parent, 0o755)  # noqa: S103 - sandboxes (uid 65534) must reach the tree
 
 

@@ -80,6 +80,34 @@
     };
     const exited = (event) => writer.line(`[exit ${event.exit_code ?? "—"} · ${event.reason}` +
       (event.duration_ms !== undefined ? ` · ${event.duration_ms} ms` : "") + "]", "meta");
+    // The Decisions table gains each decision as it is made (at the end: the page lists oldest first).
+    const decisions = document.querySelector("[data-decisions]");
+    const addDecision = (event, what) => {
+      if (!decisions) return;
+      decisions.querySelector(".empty-row")?.closest("tr").remove();
+      const row = document.createElement("tr");
+      const cells = [new Date().toISOString().slice(11, 19), event.request.host !== undefined ? "egress" : "exec",
+        what, event.decision.effect, event.decision.reason_code || "—", event.decision.rule_id || "—",
+        event.decision.message + (event.decision.hint ? ` — ${event.decision.hint}` : "")];
+      for (const [index, text] of cells.entries()) {
+        const cell = document.createElement("td");
+        if (index === 2) {
+          const code = document.createElement("code");
+          code.textContent = text;
+          cell.appendChild(code);
+        } else if (index === 3) {
+          const badge = document.createElement("span");
+          badge.className = `badge effect-${text}`;
+          badge.textContent = text;
+          cell.appendChild(badge);
+        } else {
+          cell.textContent = text;
+        }
+        row.appendChild(cell);
+      }
+      row.dataset.decision = event.decision.id || "";
+      decisions.append(row);
+    };
     Airlock.connect(terminal.dataset.ws, (event) => {
       switch (event.event) {
         case "session.state":
@@ -97,12 +125,19 @@
         case "command.started": writer.line(`$ ${event.argv.join(" ")}`, "prompt"); break;
         case "command.output": writer.write(event.data, event.stream === "stderr" ? "stderr" : ""); break;
         case "command.exited": writer.write("\n"); exited(event); break;
-        case "decision":
+        case "decision": {
+          const egress = event.request.host !== undefined;
+          const what = egress ? `egress ${event.request.host}:${event.request.port}`
+            : `${event.request.bin} ${(event.request.args || []).join(" ")}`;
           if (!event.decision.allowed) {
-            writer.line(`✗ ${event.request.bin} ${(event.request.args || []).join(" ")}: ${event.decision.message}` +
+            writer.line(`✗ ${what}: ${event.decision.message}` +
               (event.decision.hint ? ` (${event.decision.hint})` : ""), "denied");
+          } else if (egress) {
+            writer.line(`⇢ ${what}: ${event.decision.message}`, "meta");
           }
+          addDecision(event, what);
           break;
+        }
         case "lagged": writer.line(`[… ${event.missed} events missed: the output came faster than this page could take it]`, "meta"); break;
       }
     }, document.querySelector("[data-live-status]"));

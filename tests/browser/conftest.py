@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.upstreams import Upstreams
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -43,11 +45,18 @@ commands:
   - {id: sleep, bin: sleep, allow_args: ["^[0-9]+$"]}
   - {id: python3, bin: python3, deny_args: ["^-"]}
 """
-SEED_OPS_POLICY = (
+# A third for egress tests: the sandbox may reach pypi.test, and nothing else yet.
+NET_POLICY = """commands:
+  - {id: python3, bin: python3}
+network: {egress: allowlist, allow: ["pypi.test:80"]}
+"""
+SEED_POLICIES = (
     "import os; from controlplane.models import Tenant; from policies_app import services as s; "
-    "t = Tenant.objects.get(slug='demo'); p = s.policy_create(tenant=t, name='ops', actor=None); "
-    "v = s.version_create(policy=p, actor=None, source=os.environ['OPS_POLICY']); "
-    "s.version_publish(version=v, actor=None, note='ops')"
+    "t = Tenant.objects.get(slug='demo')\n"
+    "for name in ('ops', 'net'):\n"
+    "    p = s.policy_create(tenant=t, name=name, actor=None)\n"
+    "    v = s.version_create(policy=p, actor=None, source=os.environ[name.upper() + '_POLICY'])\n"
+    "    s.version_publish(version=v, actor=None, note=name)"
 )
 
 
@@ -83,21 +92,32 @@ def _wait_until_listening(port: int, process: subprocess.Popen, timeout_s: float
 
 
 @pytest.fixture(scope="session")
-def demo_server(tmp_path_factory):
+def upstreams(tmp_path_factory):
+    """Loopback upstreams the demo server's sandboxes reach through their egress proxy."""
+    servers = Upstreams(tmp_path_factory.mktemp("upstreams"))
+    yield servers
+    servers.close()
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory, upstreams):
     data_dir = tmp_path_factory.mktemp("airlock-data")
     port = _free_port()
+    hosts = {**upstreams.test_hosts(), "files.test": ("127.0.0.1", upstreams.port(upstreams.http))}
     env = {
         **{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}},
         "AIRLOCK_DATA_DIR": str(data_dir),
         "SECRET_KEY": "browser-test-secret-key-" + "x" * 40,
+        "AIRLOCK_EGRESS_TEST_HOSTS": ",".join(f"{name}={address}:{to}" for name, (address, to) in hosts.items()),
+        "AIRLOCK_PORT": str(port),
     }
     server = DemoServer(url=f"http://127.0.0.1:{port}", password="", api_key="", env=env)
     assert server.manage("migrate", "--no-input").returncode == 0
     printed = server.manage("demo_setup").stdout
     server.password = re.search(r"password: (\S+)", printed).group(1)
     server.api_key = re.search(r"API key\s+(alk_\S+)", printed).group(1)
-    for seed in (SEED_DECISIONS, SEED_OPS_POLICY):
-        seeded = server.manage("shell", "-c", seed, OPS_POLICY=OPS_POLICY)
+    for seed in (SEED_DECISIONS, SEED_POLICIES):
+        seeded = server.manage("shell", "-c", seed, OPS_POLICY=OPS_POLICY, NET_POLICY=NET_POLICY)
         assert seeded.returncode == 0, seeded.stderr
     process = subprocess.Popen(
         [sys.executable, "-m", "controlplane.serve", "-b", "127.0.0.1", "-p", str(port),

@@ -34,6 +34,14 @@ def open_a_denial(page, demo_server, request: dict, **session_body):
     return api, session, commands
 
 
+def publish_shown_version(page, note: str) -> None:
+    """Publish the version the page shows, with `note`, and see it published."""
+    page.locator("form[action$='/publish'] input[name=note]").fill(note)
+    page.locator("form[action$='/publish'] button[type=submit]").click()
+    page.wait_for_load_state()
+    assert page.get_by_test_id("version-state").inner_text() == "published"
+
+
 def canvas_drawn(page, canvas_id: str) -> bool:
     page.wait_for_function(f"() => window.Chart && Chart.getChart('{canvas_id}') !== undefined")
     return page.evaluate(f"""() => {{
@@ -74,10 +82,7 @@ def test_allow_this_drafts_the_narrow_rule_shows_its_replay_and_publishes(page, 
     assert "widened" in replay.inner_text() and "make test" in replay.inner_text()
     assert page.get_by_test_id("version-state").inner_text() == "draft"
     assert "exact_args" in page.get_by_test_id("version-source").inner_text()
-    page.locator("form[action$='/publish'] input[name=note]").fill("agents may run make test")
-    page.locator("form[action$='/publish'] button[type=submit]").click()
-    page.wait_for_load_state()
-    assert page.get_by_test_id("version-state").inner_text() == "published"
+    publish_shown_version(page, "agents may run make test")
     status, fresh = api("POST", "/api/v1/sessions", {"conversation_id": "allow-this", "policy": "ops"})
     assert status == 201
     assert api("POST", f"/api/v1/sessions/{fresh['id']}/commands", {"bin": "make", "args": ["test"]},
@@ -113,3 +118,43 @@ def test_an_exception_from_a_denial_is_used_counted_and_revoked_and_metrics_char
     assert int(page.get_by_test_id("metric-sessions").inner_text()) >= 1
     assert canvas_drawn(page, "starts-chart"), "the sessions chart is empty"
     assert canvas_drawn(page, "reasons-chart"), "the denials-by-reason chart is empty"
+
+
+FETCH = "import urllib.request as u; print(u.urlopen('http://files.test/simple/airlock-probe/').status)"
+
+
+def test_an_egress_denial_is_listed_with_its_host_and_allow_this_lets_a_new_session_reach_it(page, demo_server):
+    api = api_of(demo_server)
+    status, session = api("POST", "/api/v1/sessions", {"conversation_id": "egress", "policy": "net"})
+    assert status == 201
+    status, ran = api("POST", f"/api/v1/sessions/{session['id']}/commands",
+                      {"bin": "python3", "args": ["-c", FETCH], "wait": True}, token=session["token"])
+    # What the agent's program sees: the proxy's 403, saying it is the policy and why.
+    assert status == 200 and ran["exit_code"] == 1, ran
+    assert "HTTP Error 403: Airlock egress_denied: files.test:80 is not on the egress allowlist" in ran["output"]
+
+    log_in(page, demo_server)
+    page.get_by_role("link", name="Denials", exact=True).click()
+    page.wait_for_url(re.compile(r"/t/demo/denials/$"))
+    assert "files.test:80" in page.locator("section[data-dimension='subject']").inner_text()
+    latest = page.get_by_test_id("latest-denials").locator("tr", has_text="files.test:80").first
+    assert "egress files.test:80" in latest.inner_text() and "a security admin can add files.test:80" in (
+        latest.inner_text())
+    latest.locator("a").click()
+    page.wait_for_url(re.compile(r"/t/demo/denials/[0-9a-f-]+/$"))
+    assert page.get_by_test_id("egress-target").inner_text() == "files.test:80"
+
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.get_by_test_id("allow-this").click()
+    page.get_by_test_id("policy-replay").wait_for()
+    assert page.get_by_test_id("version-state").inner_text() == "draft"
+    source = page.get_by_test_id("version-source").inner_text()
+    assert "# network.allow gains exactly files.test:80." in source, source
+    assert source.count("files.test:80") == 2 and "pypi.test:80" in source  # that one entry added, nothing lost
+    publish_shown_version(page, "agents may fetch from files.test")
+
+    status, fresh = api("POST", "/api/v1/sessions", {"conversation_id": "egress", "policy": "net"})
+    assert status == 201
+    status, ran = api("POST", f"/api/v1/sessions/{fresh['id']}/commands",
+                      {"bin": "python3", "args": ["-c", FETCH], "wait": True}, token=fresh["token"])
+    assert status == 200 and ran["exit_code"] == 0 and ran["output"] == "200\n", ran

@@ -34,3 +34,52 @@ def test_this_hosts_own_addresses_are_denied_to_the_proxy():
     own = egress.host_addresses()
     assert ipaddress.ip_address("127.0.0.1") in own
     assert all(egress.denied_address(address) is not None for address in own)
+
+
+@pytest.fixture
+def published(acme):
+    from policies_app import services
+
+    def publish(source: str):
+        policy = acme.policies.filter(name="default").first() or services.policy_create(
+            tenant=acme, name="default", actor=None)
+        version = services.version_create(policy=policy, source=source, actor=None)
+        services.version_publish(version=version, actor=None, note="test")
+        return policy
+
+    return publish
+
+
+def _denial(acme, policy, host, port=443):
+    from policies_app.decisions import decide
+
+    return decide(tenant=acme, policy=policy, request={"host": host, "port": port}, kind="egress").record
+
+
+def test_allow_this_on_an_egress_denial_drafts_exactly_its_host_and_port(acme, published):
+    from policies_app import narrowing
+    from policies_app.document import PolicyDocument
+
+    policy = published("commands: []\n")  # egress: none
+    draft = narrowing.draft_allowing(record=_denial(acme, policy, "files.example"), actor=None)
+    network = PolicyDocument.model_validate(draft.document).network
+    assert (network.egress, network.allow) == ("allowlist", ["files.example:443"])
+    assert "egress was none" in draft.source and draft.parent == policy.published_version()
+
+    policy = published("network: {egress: allowlist, allow: ['pypi.org:443'], max_bytes: 1000000}\n")
+    draft = narrowing.draft_allowing(record=_denial(acme, policy, "files.example", 80), actor=None)
+    network = PolicyDocument.model_validate(draft.document).network
+    assert (network.allow, network.max_bytes) == (["pypi.org:443", "files.example:80"], 1000000)
+
+
+def test_allow_this_is_not_offered_for_what_no_rule_decides(acme, published):
+    from policies_app import narrowing
+
+    policy = published("network: {egress: allowlist, allow: ['pypi.org:443']}\n")
+    metadata = _denial(acme, policy, "169.254.169.254", 80)
+    assert "holds whatever the policy says" in narrowing.why_not(metadata)
+    with pytest.raises(narrowing.NotNarrowable):
+        narrowing.draft_allowing(record=metadata, actor=None)
+    stale = _denial(acme, policy, "files.example")  # denied under v1; v2 then allows it
+    assert published("network: {egress: allowlist, allow: ['pypi.org:443', 'files.example:443']}\n") == policy
+    assert "already allows exactly files.example:443" in narrowing.why_not(stale)

@@ -327,5 +327,15 @@ def test_lint_warns_that_a_code_host_is_also_a_way_out():
 def test_an_egress_denial_to_the_deny_set_never_suggests_allowing_it():
     for source in (POLICY, "network: {egress: allowlist, allow: ['pypi.org:443']}\n"):
         decision = evaluate_egress(compiled(source), {"host": "169.254.169.254", "port": 80})
-        assert decision.reason_code == "egress_denied" and "metadata" in decision.message
+        assert decision.reason_code == "egress_address_denied" and "metadata" in decision.message
         assert "allow:" not in decision.hint and "no policy can allow it" in decision.hint
+
+
+def test_an_ip_literal_is_refused_unless_the_policy_names_that_literal():
+    # Pure evaluation of strings: nothing is sent anywhere.
+    policy = compiled("network: {egress: allowlist, allow: ['pypi.org:443', '192.0.2.10:443']}\n")
+    unnamed = evaluate_egress(policy, {"host": "1.2.3.4", "port": 443})
+    assert (unnamed.allowed, unnamed.reason_code) == (False, "egress_ip_literal")
+    assert "by a name on the allowlist" in unnamed.hint
+    named_in_deny_set = evaluate_egress(policy, {"host": "192.0.2.10", "port": 443})  # documentation range
+    assert (named_in_deny_set.allowed, named_in_deny_set.reason_code) == (False, "egress_address_denied")

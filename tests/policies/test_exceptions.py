@@ -207,3 +207,35 @@ def test_the_shadow_candidate_sees_the_same_exceptions(acme, policy):
     grant(policy)
     record = judge(acme, policy, {"bin": "make", "args": ["test"]}).record
     assert record.allowed and record.shadow_allowed is True and not record.shadow_differs
+
+
+def test_an_egress_exception_allows_exactly_its_host_and_port_and_never_the_deny_set(acme, policy, make_key, api):
+    def connect(host, port=80, **kwargs):
+        return judge(acme, policy, {"host": host, "port": port}, kind="egress", **kwargs)
+
+    denial = connect("files.example").record
+    assert denial.reason_code == "egress_denied"
+    writer = api(make_key(acme, scopes=[ApiKeyScope.POLICIES_READ, ApiKeyScope.POLICIES_WRITE]).key)
+    created = writer.post("/api/v1/exceptions", {"decision": str(denial.pk), "ttl_s": 3600, "reason": "mirror outage",
+                                                 "ticket": "OPS-9"}, content_type="application/json")
+    assert created.status_code == 201, created.content
+    body = created.json()
+    assert (body["kind"], body["host"], body["port"], body["bin"]) == ("egress", "files.example", 80, "")
+    allowed = connect("files.example").decision
+    assert allowed.allowed and allowed.rule_id == f"exception:{body['id']}" and "OPS-9" in allowed.message
+    for other in (("files.example", 443), ("www.files.example", 80), ("files.example.evil", 80)):
+        assert not connect(*other).decision.allowed, other
+    assert PolicyException.objects.get(pk=body["id"]).use_count == 1
+    writer.post(f"/api/v1/exceptions/{body['id']}/revoke")
+    refused = connect("files.example").decision
+    assert not refused.allowed and "was revoked" in refused.hint
+    for bad in ({"host": "127.0.0.1", "port": 8000}, {"host": "*.example", "port": 80},
+                {"host": "files.example", "port": 0}, {"host": "files.example"}):
+        response = writer.post("/api/v1/exceptions", {"policy": "default", "ttl_s": 3600, "reason": "needed", **bad},
+                               content_type="application/json")
+        assert response.status_code == 400, (bad, response.content)
+        assert set(response.json()["fields"]) & {"host", "port"}, (bad, response.content)
+    literal = connect("169.254.169.254").record  # a guard's refusal: no exception can waive it
+    response = writer.post("/api/v1/exceptions", {"decision": str(literal.pk), "ttl_s": 3600, "reason": "needed"},
+                           content_type="application/json")
+    assert response.status_code == 400 and "egress_address_denied" in response.json()["fields"]["decision"][0]

@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import os
+import socket
 import ssl
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from sessions.egress.forward import HANDOFF, TAKEN
 from sessions.egress.proxy import EgressProxy, Limits, Resolver
 
 
@@ -43,31 +46,38 @@ class Upstream:
         writer.close()
 
 
+class Judge:
+    """A policy that allows exactly `allowed`; keeps what was decided and what was recorded."""
+
+    def __init__(self, allowed: set[tuple[str, int]]):
+        self.allowed, self.decisions, self.records = allowed, [], []
+
+    async def decide(self, host, port):
+        allowed_now = (host, port) in self.allowed
+        self.decisions.append((host, port, allowed_now))
+        return {"allowed": allowed_now, "effect": "allow" if allowed_now else "deny",
+                "reason_code": None if allowed_now else "egress_denied", "rule_id": "network.allow" if allowed_now
+                else None, "message": f"denied: {host}:{port} is not on the egress allowlist",
+                "hint": f"a security admin can add {host}:{port}", "mode": "enforce", "policy_version": None}
+
+    def record(self, host, port, decision, policy):
+        self.records.append((host, port, decision["reason_code"], decision["message"]))
+        return {**decision, "id": f"decision-{len(self.records)}"}
+
+
 @contextlib.asynccontextmanager
 async def proxy_for(allowed: set[tuple[str, int]], **kwargs):
     """A proxy whose policy allows exactly `allowed`, with `pypi.test` and `pypi.test:443` on
-    an echo upstream; yields (proxy, upstream, decisions recorded, refusals reported)."""
+    an echo upstream; yields (proxy, upstream, decisions taken, decisions recorded)."""
     upstream = Upstream()
     port = await upstream.start()
-    decisions, reports = [], []
-
-    async def decide(host, port_):
-        allowed_now = (host, port_) in allowed
-        decisions.append((host, port_, allowed_now))
-        return {"allowed": allowed_now, "reason_code": None if allowed_now else "egress_denied",
-                "rule_id": None, "message": f"{host}:{port_} is not on the egress allowlist",
-                "hint": f"a security admin can add {host}:{port_}"}
-
-    async def report(host, port_, reason_code, message):
-        reports.append((host, port_, reason_code, message))
-
+    judge = Judge(allowed)
     directory = Path(tempfile.mkdtemp(prefix="airlock-egress-"))
     resolver = Resolver(test_hosts={"pypi.test": ("127.0.0.1", port)})
-    proxy = EgressProxy(path=str(directory / "egress.sock"), decide=decide, report=report, resolver=resolver,
-                        **kwargs)
+    proxy = EgressProxy(path=str(directory / "egress.sock"), judge=judge, resolver=resolver, **kwargs)
     await proxy.start()
     try:
-        yield proxy, upstream, decisions, reports
+        yield proxy, upstream, judge.decisions, judge.records
     finally:
         await proxy.close()
         upstream.server.close()
@@ -85,19 +95,23 @@ async def ask(proxy, request: bytes, then: bytes = b"") -> tuple[bytes, bytes]:
         writer.write(then)
         await writer.drain()
         writer.write_eof()
-    rest = await asyncio.wait_for(reader.read(), 10)
+    try:
+        rest = await asyncio.wait_for(reader.read(), 10)
+    except ConnectionResetError:  # cut with bytes unread (the byte budget): what came is what there is
+        rest = b""
     writer.close()
     return head, rest
 
 
 async def test_an_allowed_tunnel_reaches_its_upstream_and_every_attempt_is_a_decision():
-    async with proxy_for({("pypi.test", 8080)}) as (proxy, upstream, decisions, _):
+    async with proxy_for({("pypi.test", 8080)}) as (proxy, upstream, decisions, records):
         head, echoed = await ask(proxy, b"CONNECT pypi.test:8080 HTTP/1.1\r\nHost: pypi.test\r\n\r\n", b"ping")
         assert head.startswith(b"HTTP/1.1 200") and echoed == b"ping"
         head, _body = await ask(proxy, b"CONNECT other.test:8080 HTTP/1.1\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 403")
         assert decisions == [("pypi.test", 8080, True), ("other.test", 8080, False)]
         assert upstream.connections == 1
+        assert [record[:3] for record in records] == [("pypi.test", 8080, None), ("other.test", 8080, "egress_denied")]
 
 
 async def test_a_denial_is_a_403_that_says_it_is_the_policy_with_the_decision_as_json():
@@ -106,7 +120,10 @@ async def test_a_denial_is_a_403_that_says_it_is_the_policy_with_the_decision_as
         assert head.startswith(b"HTTP/1.1 403 Airlock egress_denied: pypi.test:443 is not on the egress allowlist")
         text, json_line = body.decode().strip().rsplit("\n", 1)
         assert "airlock refused this connection (egress_denied)" in text and "hint: a security admin" in text
-        assert json.loads(json_line)["decision"]["reason_code"] == "egress_denied"
+        assert json.loads(json_line)["decision"] == {
+            "allowed": False, "effect": "deny", "reason_code": "egress_denied", "rule_id": None,
+            "message": "denied: pypi.test:443 is not on the egress allowlist", "hint": "a security admin can add "
+            "pypi.test:443", "mode": "enforce", "policy_version": None, "id": "decision-1"}
         assert upstream.connections == 0
 
 
@@ -126,9 +143,9 @@ async def test_a_name_or_literal_in_the_deny_set_is_refused_even_when_the_policy
     bare = host.strip("[]")
     async with proxy_for({(bare, 8080)}) as (proxy, upstream, _, reports):
         head, body = await ask(proxy, f"CONNECT {host}:8080 HTTP/1.1\r\n\r\n".encode())
-        assert head.startswith(b"HTTP/1.1 403 Airlock egress_denied"), head
+        assert head.startswith(b"HTTP/1.1 403 Airlock egress_address_denied"), head
         assert b"egress never reaches" in body and upstream.connections == 0
-        assert reports and reports[0][:3] == (bare, 8080, "egress_denied")
+        assert reports == [(bare, 8080, "egress_address_denied", reports[0][3])]
 
 
 async def test_a_tls_tunnel_must_name_its_connect_host_and_must_be_tls():
@@ -137,8 +154,8 @@ async def test_a_tls_tunnel_must_name_its_connect_host_and_must_be_tls():
         assert head.startswith(b"HTTP/1.1 200") and rest == b"" and upstream.received == b""  # fronting: cut
         head, rest = await ask(proxy, b"CONNECT pypi.test:443 HTTP/1.1\r\n\r\n", b"GET / HTTP/1.1\r\n\r\n")
         assert rest == b"" and upstream.received == b""  # not TLS on a TLS port: cut
-        assert [report[3].split(":")[0] for report in reports] == ["the tunnel to pypi.test asks TLS for evil.example",
-                                                                    "pypi.test"]
+        assert [report[2] for report in reports] == ["egress_fronting", "egress_not_tls"]
+        assert "the tunnel to pypi.test asks TLS for evil.example" in reports[0][3]
         real = hello("pypi.test")
         head, rest = await ask(proxy, b"CONNECT pypi.test:443 HTTP/1.1\r\n\r\n", real)
         assert rest == real and upstream.received == real  # the right name passes, byte for byte
@@ -169,11 +186,11 @@ async def test_the_connection_cap_refuses_one_more_while_the_others_stay_open():
 async def test_the_control_plane_is_never_reachable_whatever_the_policy_says():
     upstream = Upstream()
     port = await upstream.start()
-    async with proxy_for({("pypi.test", 8080)}, unreachable={(ipaddress.ip_address("127.0.0.1"), port)}) as (
-            proxy, _, _, _):
+    async with proxy_for({("pypi.test", 8080)}, control_ports={port}) as (proxy, _, _, records):
         proxy.resolver.test_hosts["pypi.test"] = ("127.0.0.1", port)  # the name now points at the control plane
-        head, body = await ask(proxy, b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 403") and b"control plane" in body and upstream.connections == 0
+        head, _ = await ask(proxy, b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 403 Airlock egress_control_plane") and upstream.connections == 0
+        assert [record[2] for record in records] == ["egress_control_plane"]
     upstream.server.close()
 
 
@@ -195,3 +212,79 @@ async def test_what_is_not_a_proxy_request_gets_a_400(request_line):
     async with proxy_for(set()) as (proxy, _, decisions, _):
         head, _body = await ask(proxy, request_line + b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 400 Airlock schema_invalid") and decisions == []
+
+
+class Rebinding(Resolver):
+    """Answers a loopback upstream the first time it is asked, the metadata address after: a
+    proxy that looked a name up twice would connect to what it never checked."""
+
+    def __init__(self, port: int):
+        super().__init__()
+        self.port, self.calls = port, 0
+
+    async def resolve(self, host, port):
+        self.calls += 1
+        if self.calls == 1:
+            return [(ipaddress.ip_address("127.0.0.1"), self.port)], True
+        return [(ipaddress.ip_address("169.254.169.254"), port)], False
+
+
+async def test_a_name_is_resolved_once_and_exactly_the_checked_address_is_connected():
+    async with proxy_for({("rebind.test", 8080)}) as (proxy, upstream, _, _):
+        proxy.resolver = Rebinding(upstream.server.sockets[0].getsockname()[1])
+        head, echoed = await ask(proxy, b"CONNECT rebind.test:8080 HTTP/1.1\r\n\r\n", b"ping")
+        assert head.startswith(b"HTTP/1.1 200") and echoed == b"ping" and proxy.resolver.calls == 1
+
+
+class Metadata(Resolver):
+    async def resolve(self, host, port):  # what a hostile DNS answer would say, without asking any
+        return [(ipaddress.ip_address("169.254.169.254"), port)], False
+
+
+async def test_a_name_that_resolves_to_the_metadata_address_is_refused_before_any_packet():
+    async with proxy_for({("meta.test", 80)}) as (proxy, _, _, records):
+        proxy.resolver = Metadata()
+        head, body = await ask(proxy, b"CONNECT meta.test:80 HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 403 Airlock egress_address_denied") and b"metadata" in body
+        assert [record[2] for record in records] == ["egress_address_denied"]
+
+
+async def test_a_connection_handed_over_is_served_directly_and_anything_else_handed_over_is_not_kept():
+    async with proxy_for({("pypi.test", 8080)}) as (proxy, upstream, _, _):
+        loop = asyncio.get_running_loop()
+        listener = socket.create_server(("127.0.0.1", 0))
+        program = socket.create_connection(listener.getsockname())  # the sandboxed program's end
+        accepted, _ = listener.accept()  # the forwarder's end, handed over
+        forwarder = socket.socket(socket.AF_UNIX)
+        forwarder.connect(proxy.path)
+        socket.send_fds(forwarder, [HANDOFF], [accepted.fileno()])
+        assert await loop.run_in_executor(None, forwarder.recv, 1) == TAKEN
+        accepted.close()
+        forwarder.close()
+        program.setblocking(False)
+        await loop.sock_sendall(program, b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\nping")
+        answer = b""
+        while not answer.endswith(b"ping"):
+            answer += await asyncio.wait_for(loop.sock_recv(program, 4096), 10)
+        assert answer == b"HTTP/1.1 200 Connection established\r\n\r\nping" and upstream.received == b"ping"
+        program.close()
+        listener.close()
+
+        read_end, write_end = os.pipe()  # not a socket: refused, and the connection is carried as it is
+        forwarder = socket.socket(socket.AF_UNIX)
+        forwarder.connect(proxy.path)
+        socket.send_fds(forwarder, [HANDOFF + b"CONNECT other.test:8080 HTTP/1.1\r\n\r\n"], [read_end])
+        os.close(read_end)
+        forwarder.settimeout(10)
+
+        def read_all() -> bytes:  # off the loop, which the proxy serves on
+            reply = b""
+            while chunk := forwarder.recv(65536):
+                reply += chunk
+            return reply
+
+        reply = await loop.run_in_executor(None, read_all)
+        assert reply.startswith(b"NHTTP/1.1 403 Airlock egress_denied: other.test:8080"), reply
+        os.close(write_end)
+        assert len(os.listdir(f"/proc/{os.getpid()}/fd")) < 100  # nothing piles up
+        forwarder.close()

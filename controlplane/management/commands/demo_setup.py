@@ -22,7 +22,11 @@ commands:
     bin: python3
     deny_args: ["^-"]  # no interpreter options at all: -c, -m, -i and their spellings stay closed
 filesystem: {workspace: /workspace, arg_paths: workspace_only}
-network: {egress: none}
+# One way out, through the session's egress proxy: PyPI over TLS, for `pip install`. Every other
+# connection is refused (a 403 to the program, a denial on the Denials page).
+network:
+  egress: allowlist
+  allow: ["pypi.org:443", "files.pythonhosted.org:443"]
 tests:
   - request: {bin: pytest, args: ["tests/"]}
     expect: {allowed: true, rule_id: pytest}
