@@ -69,7 +69,8 @@ def start_server(policy: str, **extra_env: str) -> tuple[str, str, subprocess.Po
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "controlplane.serve", "-b", "127.0.0.1", "-p", str(port),
-                               "controlplane.asgi:application"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               "controlplane.asgi:application"], cwd=ROOT, env={**env, "AIRLOCK_PORT": str(port)},
+                              stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:

@@ -178,7 +178,7 @@ def summary(query: DenialQuery) -> dict:
 
 
 EXPORT_FIELDS = ["id", "created_at", "kind", "subject", "args", "effect", "mode", "reason_code", "rule_id", "policy",
-                 "version", "conversation_id", "session_id", "message", "hint"]
+                 "version", "conversation_id", "session_id", "command_id", "message", "hint"]
 
 
 EXPORT_LIMIT = 100_000  # under ASGI, Django gathers a synchronous stream before it sends it
@@ -196,5 +196,5 @@ def export_rows(query: DenialQuery):
             "effect": record.effect, "mode": record.mode, "reason_code": record.reason_code, "rule_id": record.rule_id,
             "policy": version.policy.name if version else "", "version": version.number if version else None,
             "conversation_id": record.conversation_id, "session_id": str(record.session_id or ""),
-            "message": record.message, "hint": record.hint,
+            "command_id": str(record.command_id or ""), "message": record.message, "hint": record.hint,
         }

@@ -97,7 +97,7 @@ class Network(Strict):
     allow: list[str] = Field(default_factory=list, max_length=256,
                              description="host:port or *.suffix:port entries reachable through the proxy")
     max_bytes: int | None = Field(None, ge=1, description="bytes a session may move through its proxy, both ways")
-    max_connections: int | None = Field(None, ge=1, le=10000,
+    max_connections: int | None = Field(None, ge=1, le=256,
                                         description="connections a session may hold open through its proxy at once")
 
     @field_validator("allow")

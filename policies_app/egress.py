@@ -26,10 +26,33 @@ ENTRY = re.compile(rf"(?P<wildcard>\*\.)?(?P<host>{HOST}|\[[0-9A-Fa-f:.]+\]):(?P
 # out (a draft cannot change them), and neither "Allow this" nor an exception is offered.
 GUARD_REASONS = {"egress_address_denied", "egress_fronting", "egress_not_tls", "egress_control_plane",
                  "limit_exceeded"}
+# Domains under which anyone can make a name of their own (buckets, functions, pages, tunnels)
+# that the Public Suffix List does not always mark: a wildcard over one admits strangers' hosts.
+SHARED_HOSTING = {
+    "amazonaws.com", "cloudfront.net", "awsapps.com", "googleapis.com", "googleusercontent.com", "appspot.com",
+    "run.app", "cloudfunctions.net", "windows.net", "azurewebsites.net", "azureedge.net", "azurefd.net",
+    "herokuapp.com", "github.io", "githubusercontent.com", "gitlab.io", "vercel.app", "netlify.app", "pages.dev",
+    "workers.dev", "r2.dev", "firebaseapp.com", "web.app", "fly.dev", "onrender.com", "ngrok.io", "ngrok-free.app",
+    "trycloudflare.com", "digitaloceanspaces.com", "backblazeb2.com", "wasabisys.com", "fastly.net",
+    "akamaihd.net", "edgekey.net", "blob.core.windows.net", "s3.amazonaws.com", "storage.googleapis.com",
+}
+
+
+def shared_wildcard(entry: str) -> str | None:
+    """The shared-hosting domain a wildcard entry reaches into, or None."""
+    parsed = parsed_or_none(entry)
+    if parsed is None or not parsed[0]:
+        return None
+    suffix = parsed[1]
+    return next((shared for shared in sorted(SHARED_HOSTING)
+                 if suffix == shared or shared.endswith("." + suffix)), None)
+
+
 # Hosts where an allow to fetch is also an allow to push: lint says so.
 CODE_HOSTS = {"github.com", "gitlab.com", "bitbucket.org", "codeberg.org"}
 METADATA = ipaddress.ip_address("169.254.169.254")
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+SITE_LOCAL = ipaddress.ip_network("fec0::/10")  # deprecated, but still routed inside some networks
 SIOCGIFADDR = 0x8915
 
 
@@ -109,6 +132,8 @@ def denied_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, th
             return f"an IPv6 form of {embedded}, {reason}" if reason else None
     if address == METADATA:
         return "the cloud metadata address"
+    if address.version == 6 and address in SITE_LOCAL:
+        return "site-local (a private network)"
     for test, reason in ((address.is_loopback, "loopback"), (address.is_unspecified, "unspecified"),
                          (address.is_link_local, "link-local"), (address.is_multicast, "multicast"),
                          (address.is_private, "a private network"), (address.is_reserved, "reserved"),
@@ -121,7 +146,30 @@ def denied_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, th
 
 
 def host_addresses() -> frozenset:
-    """Every address of this host's interfaces (read from the kernel, each call: they change)."""
+    """Every address of this host's interfaces, secondary ones included (read from the kernel on
+    each call: they change): IPv4 from the local routing table, IPv6 from /proc/net/if_inet6."""
+    found = set()
+    try:
+        with open("/proc/net/fib_trie") as trie:
+            last = None
+            for line in trie:
+                fields = line.split()
+                if fields[:1] == ["|--"]:
+                    last = fields[1]
+                elif "host" in fields and "LOCAL" in fields and last is not None:
+                    found.add(ipaddress.IPv4Address(last))
+    except OSError:  # no /proc here: the primary address of each interface
+        found |= _primary_ipv4_addresses()
+    try:
+        with open("/proc/net/if_inet6") as table:
+            for line in table:
+                found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
+    except OSError:  # no IPv6 here
+        pass
+    return frozenset(found)
+
+
+def _primary_ipv4_addresses() -> set:
     found = set()
     for _index, name in socket.if_nameindex():
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -130,10 +178,4 @@ def host_addresses() -> frozenset:
             except OSError:  # no IPv4 address on this interface
                 continue
         found.add(ipaddress.IPv4Address(raw[20:24]))
-    try:
-        with open("/proc/net/if_inet6") as table:
-            for line in table:
-                found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
-    except OSError:  # no IPv6 here
-        pass
-    return frozenset(found)
+    return found

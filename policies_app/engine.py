@@ -105,6 +105,10 @@ def evaluate(compiled: CompiledPolicy, request: dict | ExecRequest, at: datetime
     return _decide(compiled, refusal, rule, request)
 
 
+NEAR_CANDIDATES = 32  # allowlist entries a denial's "did you mean" compares with
+HINT_ENTRIES = 10  # allowlist entries a denial's hint lists
+
+
 def evaluate_egress(compiled: CompiledPolicy, request: dict | EgressRequest, at: datetime | None = None) -> Decision:
     """Decide one outbound connection `{host, port}`: allowed only when the policy's network
     section is an allowlist that names exactly this host and port."""
@@ -127,18 +131,28 @@ def evaluate_egress(compiled: CompiledPolicy, request: dict | EgressRequest, at:
             shown = target if entry == target else f"{target} (by {entry})"
             return Decision(True, "allow", None, "network.allow", f"allowed: {shown} is on the egress allowlist of "
                             f"{ref.label()}", "", compiled.document.mode, ref)
+    # Egress is enforced in audit mode too: observing would-be denials of connections would mean
+    # letting every one out (audit mode observes commands only).
     if not allowed:
         refusal = _Refusal("egress_denied", None, f"{ref.label()} allows no network egress ({target})",
-                           f"a security admin can set network.egress: allowlist with allow: [\"{target}\"]")
+                           f"a security admin can set network.egress: allowlist with allow: [\"{target}\"]", hard=True)
     elif literal is not None:
         refusal = _Refusal("egress_ip_literal", None, f"{target} is an IP address the egress allowlist does not name",
                            "reach the service by a name on the allowlist; a security admin can name this address "
-                           f"itself ({target}) if it has no name")
+                           f"itself ({target}) if it has no name", hard=True)
     else:
-        near = difflib.get_close_matches(target, allowed, n=1, cutoff=0.6)
+        # Bounded work, whatever the allowlist's size: a denial can be asked for thousands of times
+        # a second. The likely slips: the same host on another port, another host on this port.
+        host = request.host.lower()
+        candidates = [entry for entry in allowed
+                      if entry.rsplit(":", 1)[0] == host or entry.endswith(f":{request.port}")][:NEAR_CANDIDATES]
+        near = difflib.get_close_matches(target, candidates, n=1, cutoff=0.6)
+        listed = ", ".join(allowed[:HINT_ENTRIES]) + (f" and {len(allowed) - HINT_ENTRIES} more"
+                                                       if len(allowed) > HINT_ENTRIES else "")
         refusal = _Refusal("egress_denied", None, f"{target} is not on the egress allowlist",
-                           f"{ref.label()} allows only {', '.join(allowed)}; "
-                           + (f"did you mean {near[0]}? " if near else "") + f"a security admin can add {target}")
+                           f"{ref.label()} allows only {listed}; "
+                           + (f"did you mean {near[0]}? " if near else "") + f"a security admin can add {target}",
+                           hard=True)
     return _decide(compiled, refusal)
 
 

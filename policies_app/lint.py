@@ -137,6 +137,10 @@ def lint(document: PolicyDocument) -> list[LintWarning]:
         if any(host == code or host.endswith("." + code) or code.endswith("." + host) for code in egress.CODE_HOSTS):
             warnings.append(LintWarning("network", f"`{entry}` is a code host: allowing it to fetch also allows "
                                                    "pushing to it, so code or data can leave through it"))
+        if shared := egress.shared_wildcard(entry):
+            warnings.append(LintWarning("network", f"`{entry}` admits names anyone can create under {shared} "
+                                                   "(buckets, functions, pages): data can leave through a stranger's "
+                                                   "host; list the exact hosts instead"))
     if document.network.egress == "allowlist" and not document.network.allow:
         warnings.append(LintWarning("network", "egress is an allowlist with no entries: every connection is refused "
                                                "(each one a recorded denial)"))

@@ -170,7 +170,7 @@ def _run(driver: Driver, sandbox: Sandbox, op: str, path: str, *, stdin: bytes |
     stop_at = deadline - min(1.0, remaining / 4)
     stdout, stderr, status = [], [], None
     argv = ["python3", "-I", "-c", FILE_PROGRAM, op, path, str(limit), repr(stop_at)]
-    for item in driver.exec(sandbox, argv, cwd=WORKSPACE, stdin=stdin, timeout_s=remaining):
+    for item in driver.exec(sandbox, argv, cwd=WORKSPACE, stdin=stdin, timeout_s=remaining, egress=False):
         if isinstance(item, Chunk):
             (stdout if item.stream == "stdout" else stderr).append(item.data)
         elif isinstance(item, ExitStatus):

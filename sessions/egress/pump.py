@@ -32,15 +32,30 @@ async def ready(fd: int, *, writable: bool = False) -> None:
 async def pump(source: socket.socket, target: socket.socket, count: Callable[[int], int | None]) -> None:
     """Copy `source` to `target` until its end, then half-close `target`. `count(n)` is told of
     every n bytes before they move on, and returns how many more may move (None: no limit); it
-    raises to stop the copy."""
-    allowance = count(0)
+    raises to stop the copy. The first bytes go through a buffer (most connections are small:
+    no pipe is made for them); past DEFAULT_PIPE, splice takes over."""
+    loop = asyncio.get_running_loop()
+    moved = 0
+    while moved < DEFAULT_PIPE:
+        allowance = count(0)
+        wanted = DEFAULT_PIPE if allowance is None else max(1, min(DEFAULT_PIPE, allowance + 1))
+        data = await loop.sock_recv(source, wanted)
+        if not data:
+            with contextlib.suppress(OSError):
+                target.shutdown(socket.SHUT_WR)
+            return
+        count(len(data))
+        await loop.sock_sendall(target, data)
+        moved += len(data)
     try:
         read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         await _copy(source, target, count)
         return
-    grown = False
     try:
+        with contextlib.suppress(OSError):  # a bigger pipe moves more per call; the default works too
+            fcntl.fcntl(write_end, F_SETPIPE_SZ, CHUNK)
+        allowance = count(0)
         while True:
             wanted = CHUNK if allowance is None else max(1, min(CHUNK, allowance + 1))
             try:
@@ -55,10 +70,6 @@ async def pump(source: socket.socket, target: socket.socket, count: Callable[[in
                 raise
             if moved == 0:
                 break
-            if not grown and moved >= DEFAULT_PIPE:  # a large transfer: a bigger pipe moves more per call
-                grown = True
-                with contextlib.suppress(OSError):  # the default works too
-                    fcntl.fcntl(write_end, F_SETPIPE_SZ, CHUNK)
             allowance = count(moved)
             while moved:
                 try:

@@ -10,6 +10,8 @@ import struct
 from dataclasses import dataclass
 
 HANDSHAKE, CLIENT_HELLO, SERVER_NAME, HOST_NAME = 22, 1, 0, 0
+# Extensions that hide the name the client really asks for (Encrypted ClientHello, its draft ESNI).
+ENCRYPTED_NAMES = {0xFE0D, 0xFFCE}
 MAX_HELLO = 16384  # one TLS record: a ClientHello that needs more is refused
 
 
@@ -20,6 +22,7 @@ class NotTLS(ValueError):
 @dataclass(frozen=True)
 class Hello:
     server_name: str | None  # None: the client sent no SNI
+    encrypted_name: bool = False  # it carries an encrypted name beside the one in the clear
 
 
 def client_hello(data: bytes) -> Hello | None:
@@ -36,31 +39,34 @@ def client_hello(data: bytes) -> Hello | None:
     body = data[5:5 + length]
     if len(body) < 4 or body[0] != CLIENT_HELLO or int.from_bytes(body[1:4], "big") > len(body) - 4:
         raise NotTLS("not a ClientHello in one record")
-    return Hello(server_name=_server_name(body[4:4 + int.from_bytes(body[1:4], "big")]))
+    return _hello(body[4:4 + int.from_bytes(body[1:4], "big")])
 
 
-def _server_name(hello: bytes) -> str | None:
+def _hello(hello: bytes) -> Hello:
     reader = _Reader(hello)
     reader.take(2 + 32)  # legacy version, random
     reader.take(reader.int(1))  # session id
     reader.take(reader.int(2))  # cipher suites
     reader.take(reader.int(1))  # compression methods
     if reader.left() == 0:
-        return None  # no extensions at all
+        return Hello(server_name=None)  # no extensions at all
+    server_name, encrypted = None, False
     extensions = _Reader(reader.take(reader.int(2)))
     while extensions.left():
         kind, data = extensions.int(2), extensions.take(extensions.int(2))
-        if kind == SERVER_NAME:
+        encrypted = encrypted or kind in ENCRYPTED_NAMES
+        if kind == SERVER_NAME and server_name is None:
             names = _Reader(data)
             names = _Reader(names.take(names.int(2)))
             while names.left():
                 name_type, name = names.int(1), names.take(names.int(2))
                 if name_type == HOST_NAME:
                     try:
-                        return name.decode("ascii").lower()
+                        server_name = name.decode("ascii").lower()
                     except UnicodeDecodeError:
                         raise NotTLS("a server name that is not ASCII") from None
-    return None
+                    break
+    return Hello(server_name=server_name, encrypted_name=encrypted)
 
 
 class _Reader:

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import resource
 import secrets
 import socket
 import threading
@@ -64,6 +65,16 @@ def _close_connections_and_shutdown(executor: ThreadPoolExecutor) -> None:
 
         concurrent.futures.wait([executor.submit(close) for _ in range(workers)], timeout=10)
     executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _raise_descriptor_limit() -> None:
+    """Egress proxies hold descriptors for the sandboxes' connections (sessions/egress/proxy.py
+    caps them by this limit): take the soft limit up to the hard one, as servers do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def _with_connection(function, kwargs: dict):
@@ -120,6 +131,7 @@ class Runner:
     # -- life ------------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        _raise_descriptor_limit()
         await self._register()
         await self.db(records.runners_declare_dead, local_pids_gone=True, exclude=self.id)
         await self.reap()
@@ -377,11 +389,14 @@ class Runner:
             _answer_queued(live)
             if live.sandbox is not None:
                 await self.blocking(self._destroy, live)
-            if live.egress is not None:
-                await live.egress.close()
         except Exception:
             log.exception("session %s could not be released; the reaper will destroy its sandbox", live.id)
         finally:
+            if live.egress is not None:  # whatever became of the sandbox, its way out closes
+                try:
+                    await live.egress.close()
+                except Exception:
+                    log.exception("session %s: its egress proxy could not be closed", live.id)
             if self.live.get(live.id) is live:
                 del self.live[live.id]
 

@@ -7,6 +7,7 @@ frequent for a write each); a command's result is not stored until the decisions
 connections made are, so whoever reads the command finds them."""
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.utils import timezone
 
+from controlplane.redaction import redact, redact_data
 from policies_app.decisions import Taken, compiled_version, decision_payload
 from policies_app.engine import Decision, VersionRef, evaluate_egress
 from sessions.egress import forward
@@ -30,6 +32,17 @@ log = logging.getLogger("airlock.egress")
 NOBODY = 65534
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
 BATCH_WAIT_S = 0.05  # decisions wait this long at most to be written with the next ones
+WRITE_ATTEMPTS = 3
+DATABASE_DECISIONS = 2  # database threads one session's decisions may hold at once
+TAKEN_MAX = 4096
+# Refused connections a session may have judged and recorded, per second (and in a burst). Past
+# that each is refused unjudged, and one such refusal a second is recorded: a sandbox that
+# floods the proxy with connections it knows are refused costs the control plane little.
+DENIALS_PER_S, DENIAL_BURST = 50, 200
+FLOODED = {"allowed": False, "effect": "deny", "reason_code": "limit_exceeded", "rule_id": "egress.refusal_rate",
+           "message": f"denied: the session asks for refused connections faster than {DENIALS_PER_S} a second; "
+                      "this one was not judged, and such refusals are recorded once a second",
+           "hint": "stop retrying what the policy refuses"}
 POLICY_FRESH_S = 1.0  # a shadow set on the policy judges this session's connections within this long
 
 
@@ -37,15 +50,25 @@ def egress_root() -> Path:
     return Path(settings.AIRLOCK_SANDBOX_DIR) / "egress"
 
 
+DEFAULT_DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306}
+
+
 def control_plane_ports() -> set[int]:
     """The ports of the server, the database and Redis, which no proxy reaches on this host."""
     ports = {settings.AIRLOCK_PORT}
-    database_port = settings.DATABASES["default"].get("PORT")
-    if database_port:
-        ports.add(int(database_port))
+    database = settings.DATABASES["default"]
+    vendor = database["ENGINE"].rsplit(".", 1)[-1]
+    if database.get("PORT") or vendor in DEFAULT_DATABASE_PORTS:
+        ports.add(int(database.get("PORT") or DEFAULT_DATABASE_PORTS[vendor]))
     if settings.REDIS_URL:
         ports.add(urlsplit(settings.REDIS_URL).port or 6379)
     return ports
+
+
+def control_plane_names() -> set[str]:
+    """The names this control plane answers to (ALLOWED_HOSTS; `.example.com` is the name and
+    every name under it): no proxy reaches them, wherever they point."""
+    return {name.lower().rstrip(".") for name in settings.ALLOWED_HOSTS if name != "*"}
 
 
 class SessionEgress:
@@ -58,9 +81,13 @@ class SessionEgress:
             path=str(self.directory / EGRESS_SOCKET), judge=self,
             resolver=Resolver(test_hosts=dict(settings.AIRLOCK_EGRESS_TEST_HOSTS)),
             limits=Limits(max_bytes=context.max_bytes, max_connections=context.max_connections),
-            control_ports=control_plane_ports())
-        self._taken: dict[int, tuple[dict, records.Evaluation]] = {}  # by id() of the payload, held alive here
-        self._policy: tuple = (None, 0.0)  # the policy row and when it was read (for its shadow)
+            control_ports=control_plane_ports(), control_names=control_plane_names())
+        # Decided, not yet recorded: by id() of the payload, which is held alive here.
+        self._taken: collections.OrderedDict[int, tuple[dict, records.Evaluation]] = collections.OrderedDict()
+        self._policy: tuple = (None, 0.0)  # the last database verdict (policy row, exceptions) and when
+        self._deciding = asyncio.Semaphore(DATABASE_DECISIONS)
+        self._denials = TokenBucket(rate=DENIALS_PER_S, burst=DENIAL_BURST)
+        self._flood_recorded_at = 0.0
         self._pending: list[Taken] = []
         self._writing: asyncio.Task | None = None
         self._hurry = asyncio.Event()  # set while someone waits for the writes
@@ -76,8 +103,12 @@ class SessionEgress:
         self.directory.mkdir(mode=0o755)
         shutil.copyfile(forward.__file__, self.directory / EGRESS_FORWARDER)
         os.chmod(self.directory / EGRESS_FORWARDER, 0o444)
-        # Only the sandbox's uid (and root) may connect; only this sandbox mounts the directory.
-        await self.proxy.start(mode=0o600, owner=NOBODY if os.geteuid() == 0 else None)
+        # Only this sandbox mounts the directory, and only the sandbox's uid (and root) may connect.
+        # A runner that is not root cannot give the socket to a container's uid 65534: then any
+        # uid may connect, to a path none can list (a random session id under a 0711 directory).
+        as_root = os.geteuid() == 0
+        mode = 0o600 if as_root or self.live.driver.name == "bubblewrap" else 0o666
+        await self.proxy.start(mode=mode, owner=NOBODY if as_root else None)
         return str(self.directory)
 
     async def close(self) -> None:
@@ -90,34 +121,45 @@ class SessionEgress:
             raise OSError(f"the egress directory {self.directory} is still present after the session")
 
     # -- the proxy's judge -----------------------------------------------------------------
-    def _allowed_at_once(self, host: str, port: int) -> records.Evaluation | None:
-        """An allow decided on the loop, without the database: the version and its shadow are
-        compiled in memory, and the policy row (which names the shadow) was read within
-        POLICY_FRESH_S. Anything else goes to the database thread."""
-        policy, read_at = self._policy
-        if policy is None or time.monotonic() - read_at > POLICY_FRESH_S:
+    def _at_once(self, host: str, port: int) -> records.Evaluation | None:
+        """A decision taken on the loop, without the database: the version and its shadow are
+        compiled in memory, the policy row (which names the shadow) was read within
+        POLICY_FRESH_S, and the policy had no egress exception then (one could turn a denial).
+        Else None: the database thread decides."""
+        verdict, read_at = self._policy
+        if verdict is None or verdict.exceptions or time.monotonic() - read_at > POLICY_FRESH_S:
             return None
         request = {"host": host, "port": port}
         started = time.perf_counter_ns()
         decision = evaluate_egress(compiled_version(self.context.version), request)
-        shadow = (evaluate_egress(compiled_version(policy.shadow_version), request)
-                  if policy.shadow_version_id else None)
-        if not decision.allowed or decision.effect != "allow" or (shadow is not None and shadow.effect != "allow"):
-            return None
-        return records.Evaluation(decision=decision, record=None, shadow=shadow,
-                                  shadow_version=policy.shadow_version if shadow else None,
+        shadow_version = verdict.policy.shadow_version
+        shadow = evaluate_egress(compiled_version(shadow_version), request) if shadow_version else None
+        return records.Evaluation(decision=decision, record=None, shadow=shadow, shadow_version=shadow_version,
                                   eval_us=(time.perf_counter_ns() - started) // 1000)
 
     async def decide(self, host: str, port: int) -> dict:
-        evaluation = self._allowed_at_once(host, port)
-        if evaluation is None:  # a denial (exceptions may apply), a shadow that differs, or a stale policy row
-            evaluation = await self.runner.db(records.egress_decide, context=self.context, host=host, port=port)
-            self._policy = (evaluation.policy, time.monotonic())
+        evaluation = self._at_once(host, port)
+        if evaluation is None:
+            # A few at a time: a sandbox flooding the proxy must not take the database threads
+            # that heartbeats and other sessions need.
+            async with self._deciding:
+                verdict = await self.runner.db(records.egress_decide, context=self.context, host=host, port=port)
+            self._policy = (verdict, time.monotonic())
+            evaluation = verdict.evaluation
+        if not evaluation.decision.allowed and not self._denials.take():
+            return {**FLOODED, "mode": self.context.mode, "policy_version": self.context.ref}  # not judged
         payload = decision_payload(evaluation.decision)
         self._taken[id(payload)] = (payload, evaluation)
+        while len(self._taken) > TAKEN_MAX:  # decided, never recorded (the client left mid-way): not kept forever
+            self._taken.popitem(last=False)
         return payload
 
     def record(self, host: str, port: int, decision: dict, policy: dict) -> dict:
+        if decision.get("rule_id") == FLOODED["rule_id"]:
+            now = time.monotonic()
+            if now - self._flood_recorded_at < 1:
+                return {**decision, "id": None}
+            self._flood_recorded_at = now
         _, evaluation = self._taken.pop(id(policy), (None, None))
         shadow = evaluation.shadow if evaluation and decision is policy else None  # a guard's refusal has none
         stored = {**decision, "id": str(uuid.uuid4())}
@@ -132,17 +174,15 @@ class SessionEgress:
             conversation_id=self.context.conversation_id, command_id=self.live.command_id,
             eval_us=evaluation.eval_us if evaluation else 0,
             shadow_version=evaluation.shadow_version if shadow else None, shadow=shadow))
-        self._drop_stale()
         if self._writing is None or self._writing.done():
             self._writing = asyncio.ensure_future(self._write())
-        self.runner.emit(self.live, {"event": "decision", "decision": stored, "request": {"host": host, "port": port},
-                                     "command": self.live.command_id})
+        secrets = self.runner.secrets  # the stored copy is redacted as it is written; the live one here
+        self.runner.emit(self.live, {
+            "event": "decision", "request": redact_data({"host": host, "port": port}, secrets),
+            "decision": {**stored, "message": redact(stored["message"], secrets),
+                         "hint": redact(stored["hint"], secrets)},
+            "command": self.live.command_id})
         return stored
-
-    def _drop_stale(self) -> None:
-        # A decision the proxy never recorded (its client left mid-way) is not kept forever.
-        if len(self._taken) > 4096:
-            self._taken.clear()
 
     async def _write(self) -> None:
         while self._pending:
@@ -150,15 +190,16 @@ class SessionEgress:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._hurry.wait(), BATCH_WAIT_S)
             batch, self._pending = self._pending, []
-            started = time.monotonic()
-            try:
-                await self.runner.db(records.egress_store, taken=batch)
-            except Exception:
-                log.exception("session %s: %d egress decisions could not be recorded", self.context.session_id,
-                              len(batch))
-            if time.monotonic() - started > 1:
-                log.warning("session %s: recording egress decisions took %.1f s", self.context.session_id,
-                            time.monotonic() - started)
+            for attempt in range(WRITE_ATTEMPTS):
+                try:
+                    await self.runner.db(records.egress_store, taken=batch)
+                    break
+                except Exception:  # the database restarting, say: try again, then say what was lost
+                    if attempt == WRITE_ATTEMPTS - 1:
+                        log.exception("session %s: %d egress decisions could not be recorded",
+                                      self.context.session_id, len(batch))
+                    else:
+                        await asyncio.sleep(0.5 * (attempt + 1))
 
     async def flush(self) -> None:
         """Return once every decision recorded so far is written."""
@@ -168,6 +209,21 @@ class SessionEgress:
                 await asyncio.shield(self._writing)
         finally:
             self._hurry.clear()
+
+
+class TokenBucket:
+    def __init__(self, *, rate: float, burst: float):
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = burst, time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 def remove_directory(directory: Path) -> None:

@@ -14,7 +14,7 @@ from controlplane.redaction import configured_secrets
 from policies_app import decisions
 from policies_app.decisions import Evaluation
 from policies_app.document import PolicyDocument
-from policies_app.models import Policy, PolicyVersion
+from policies_app.models import Policy, PolicyException, PolicyVersion
 from sessions import services
 from sessions.models import ACTIVE_STATES, Runner, Session, SessionState
 from sessions.output import CommandOutput
@@ -91,20 +91,25 @@ class EgressContext:
     conversation_id: str
     max_bytes: int | None
     max_connections: int | None
+    mode: str  # the version's, for the refusals the proxy makes itself
+    ref: dict  # the version as a decision shows it: {policy, number, sha256}
 
 
 def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str, EgressContext | None] | None:
     """The sandbox a session asks for, its driver, its repository, and its egress (None when its
     policy allows none: then it gets no proxy, no socket, nothing but its own loopback)."""
-    session = Session.objects.select_related("tenant", "policy_version").filter(
+    session = Session.objects.select_related("tenant", "policy_version__policy").filter(
         pk=session_id, state=SessionState.CREATING).first()
     if session is None:
         return None
-    document = PolicyDocument.model_validate(session.policy_version.document)
+    version = session.policy_version
+    document = PolicyDocument.model_validate(version.document)
     network = document.network
-    egress = EgressContext(session_id=str(session.pk), tenant=session.tenant, version=session.policy_version,
-                           conversation_id=session.conversation_id, max_bytes=network.max_bytes,
-                           max_connections=network.max_connections) if network.egress == "allowlist" else None
+    egress = EgressContext(
+        session_id=str(session.pk), tenant=session.tenant, version=version, conversation_id=session.conversation_id,
+        max_bytes=network.max_bytes, max_connections=network.max_connections, mode=document.mode,
+        ref={"policy": version.policy.name, "number": version.number, "sha256": version.sha256},
+    ) if network.egress == "allowlist" else None
     limits = document.limits
     spec = SandboxSpec(
         tenant=session.tenant.slug, session_id=str(session.pk),
@@ -115,15 +120,22 @@ def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str, EgressContext | 
     return spec, session.driver, session.workspace_source, egress
 
 
-def egress_decide(*, context: EgressContext, host: str, port: int) -> Evaluation:
+@dataclass(frozen=True)
+class EgressVerdict:
+    evaluation: Evaluation
+    policy: Policy  # as read for this decision: the shadow it names
+    exceptions: bool  # whether the policy has any egress exception, live or ended (its hint tells)
+
+
+def egress_decide(*, context: EgressContext, host: str, port: int) -> EgressVerdict:
     """The pinned version's decision on one connection (its exceptions and shadow included),
     not recorded yet: egress_store records it with the proxy's outcome."""
     policy = Policy.objects.select_related("shadow_version").get(pk=context.version.policy_id)  # its shadow now
     evaluation = decisions.decide(tenant=context.tenant, policy=policy, request={"host": host, "port": port},
                                   session_id=context.session_id, conversation_id=context.conversation_id,
                                   version=context.version, record=False, count=True, kind="egress")
-    evaluation.policy = policy
-    return evaluation
+    exceptions = PolicyException.objects.filter(tenant=context.tenant, policy=policy, kind="egress").exists()
+    return EgressVerdict(evaluation=evaluation, policy=policy, exceptions=exceptions)
 
 
 def egress_store(*, taken: list[decisions.Taken]) -> None:

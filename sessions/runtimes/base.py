@@ -157,9 +157,12 @@ class Driver(ABC):
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
         env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: bytes | None = None,
+        egress: bool = True,
     ) -> Iterator[Chunk | ExitStatus]:
         """Run argv; yield Chunks as output arrives, then exactly one ExitStatus. `stdin`, when
-        given, is the whole of the command's standard input (else it reads /dev/null)."""
+        given, is the whole of the command's standard input (else it reads /dev/null). With
+        `egress` (and a session that has it) the command runs behind the forwarder; Airlock's own
+        helper programs pass False: they need no network."""
 
     @abstractmethod
     def kill(self, sandbox: Sandbox) -> None:

@@ -194,6 +194,7 @@ class BubblewrapDriver(Driver):
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
         env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: bytes | None = None,
+        egress: bool = True,
     ) -> Iterator[Chunk | ExitStatus]:
         check_argv(argv)
         cwd = workspace_cwd(cwd)
@@ -201,7 +202,8 @@ class BubblewrapDriver(Driver):
         timeout_s = min(timeout_s or limits.command_timeout_s, limits.command_timeout_s)
         started = time.monotonic()
         oom_before = self.cgroups.usage(sandbox.id).oom_kills if self.cgroups.available else 0
-        running = self._start(sandbox, egress_argv(sandbox.spec, argv), cwd, sandbox_env(sandbox.spec, env), stdin)
+        argv = egress_argv(sandbox.spec, argv) if egress else list(argv)
+        running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec, env), stdin)
         # The one deadline mechanism: it holds even when nobody reads the output.
         watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox.id, running, "timeout"))
         watchdog.daemon = True

@@ -221,8 +221,10 @@ class DockerDriver(Driver):
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
         env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: bytes | None = None,
+        egress: bool = True,
     ) -> Iterator[Chunk | ExitStatus]:
         check_argv(argv)
+        argv = egress_argv(sandbox.spec, argv) if egress else list(argv)
         cwd = workspace_cwd(cwd)
         limits = sandbox.spec.limits
         timeout_s = min(timeout_s or limits.command_timeout_s, limits.command_timeout_s)
@@ -236,7 +238,7 @@ class DockerDriver(Driver):
             self._running[sandbox.id] = running
         try:
             exec_id = api.exec_create(
-                sandbox.handle["container"], egress_argv(sandbox.spec, argv), stdout=True, stderr=True, user=NOBODY,
+                sandbox.handle["container"], argv, stdout=True, stderr=True, user=NOBODY,
                 workdir=cwd,
                 environment=sandbox_env(sandbox.spec, env), stdin=stdin is not None,
             )["Id"]

@@ -127,13 +127,21 @@ def test_an_egress_denial_is_listed_with_its_host_and_allow_this_lets_a_new_sess
     api = api_of(demo_server)
     status, session = api("POST", "/api/v1/sessions", {"conversation_id": "egress", "policy": "net"})
     assert status == 201
+    log_in(page, demo_server)
+    page.goto(f"{demo_server.url}/t/demo/sessions/{session['id']}/")  # the operator watches it live
+    page.wait_for_selector("[data-live-status]:text('live')")
     status, ran = api("POST", f"/api/v1/sessions/{session['id']}/commands",
                       {"bin": "python3", "args": ["-c", FETCH], "wait": True}, token=session["token"])
     # What the agent's program sees: the proxy's 403, saying it is the policy and why.
     assert status == 200 and ran["exit_code"] == 1, ran
     assert "HTTP Error 403: Airlock egress_denied: files.test:80 is not on the egress allowlist" in ran["output"]
+    # What the operator saw meanwhile: the refusal in the terminal and in the Decisions table.
+    page.locator("[data-terminal] .denied", has_text="egress files.test:80").wait_for()
+    row = page.locator("[data-decisions] tr", has_text="files.test:80")
+    assert "egress" in row.inner_text() and "egress_denied" in row.inner_text()
+    page.reload()  # and the page as the server renders it
+    assert "files.test:80" in page.locator("[data-decisions]").inner_text()
 
-    log_in(page, demo_server)
     page.get_by_role("link", name="Denials", exact=True).click()
     page.wait_for_url(re.compile(r"/t/demo/denials/$"))
     assert "files.test:80" in page.locator("section[data-dimension='subject']").inner_text()
@@ -143,6 +151,7 @@ def test_an_egress_denial_is_listed_with_its_host_and_allow_this_lets_a_new_sess
     latest.locator("a").click()
     page.wait_for_url(re.compile(r"/t/demo/denials/[0-9a-f-]+/$"))
     assert page.get_by_test_id("egress-target").inner_text() == "files.test:80"
+    assert page.get_by_test_id("denial-command").inner_text() == ran["id"]  # the command that asked for it
 
     page.on("dialog", lambda dialog: dialog.accept())
     page.get_by_test_id("allow-this").click()

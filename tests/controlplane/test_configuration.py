@@ -313,3 +313,13 @@ def test_x_forwarded_proto_is_not_trusted_by_default(db):
     refused = client.post("/login/", {"username": "x", "password": "y", "csrfmiddlewaretoken": token},
                           HTTP_ORIGIN="https://testserver", HTTP_X_FORWARDED_PROTO="https")
     assert refused.status_code == 403
+
+
+def test_airlock_egress_test_hosts_maps_names_to_loopback_upstreams_only(tmp_path):
+    env = environment(tmp_path, AIRLOCK_EGRESS_TEST_HOSTS="pypi.test=127.0.0.1:8081,Git.Test=[::1]:9000")
+    mapped = shell(env, "from django.conf import settings; print(sorted(settings.AIRLOCK_EGRESS_TEST_HOSTS.items()))")
+    assert mapped.stdout.strip() == "[('git.test', ('::1', 9000)), ('pypi.test', ('127.0.0.1', 8081))]"
+    for bad in ("pypi.test=10.0.0.1:80", "pypi.test=127.0.0.1", "=127.0.0.1:80", "pypi.test=127.0.0.1:0"):
+        refused = manage(environment(tmp_path, AIRLOCK_EGRESS_TEST_HOSTS=bad), "check")
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, bad
+        assert "AIRLOCK_EGRESS_TEST_HOSTS" in refused.stderr and "loopback only" in refused.stderr, bad

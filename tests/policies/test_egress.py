@@ -3,6 +3,8 @@ sends a packet: the addresses are only classified."""
 # ruff: noqa: S104 - the addresses are data under test; nothing binds them
 
 import ipaddress
+import re
+import subprocess
 
 import pytest
 
@@ -30,10 +32,19 @@ def test_a_public_address_is_not_in_the_deny_set(address):
     assert egress.denied_address(ipaddress.ip_address(address), this_host=False) is None
 
 
-def test_this_hosts_own_addresses_are_denied_to_the_proxy():
+def test_this_hosts_own_addresses_are_denied_to_the_proxy(monkeypatch):
     own = egress.host_addresses()
     assert ipaddress.ip_address("127.0.0.1") in own
     assert all(egress.denied_address(address) is not None for address in own)
+    # Every address the kernel lists as local, secondary ones included (`ip addr` agrees).
+    listed = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    for found in re.findall(r"inet6? ([0-9a-f.:]+)/", listed):
+        assert ipaddress.ip_address(found) in own, found
+    # A host with a public address: that address is refused to the proxy, not to a policy document.
+    public = ipaddress.ip_address("151.101.0.223")
+    monkeypatch.setattr(egress, "host_addresses", lambda: frozenset({public}))
+    assert egress.denied_address(public) == "an address of this host"
+    assert egress.denied_address(public, this_host=False) is None
 
 
 @pytest.fixture
@@ -83,3 +94,17 @@ def test_allow_this_is_not_offered_for_what_no_rule_decides(acme, published):
     stale = _denial(acme, policy, "files.example")  # denied under v1; v2 then allows it
     assert published("network: {egress: allowlist, allow: ['pypi.org:443', 'files.example:443']}\n") == policy
     assert "already allows exactly files.example:443" in narrowing.why_not(stale)
+
+
+@pytest.mark.parametrize("entry, shared", [
+    ("*.amazonaws.com:443", "amazonaws.com"), ("*.windows.net:443", "blob.core.windows.net"),
+    ("*.core.windows.net:443", "blob.core.windows.net"),
+])
+def test_lint_warns_of_a_wildcard_over_shared_hosting(entry, shared):
+    from policies_app import lint
+    from policies_app.document import parse_yaml
+
+    warnings = lint.lint(parse_yaml(f"network: {{egress: allowlist, allow: ['{entry}']}}\n"))
+    assert any(f"names anyone can create under {shared}" in warning.message for warning in warnings), warnings
+    exact = lint.lint(parse_yaml("network: {egress: allowlist, allow: ['my-bucket.s3.amazonaws.com:443']}\n"))
+    assert not any("anyone can create" in warning.message for warning in exact)

@@ -1,6 +1,8 @@
+import re
+
 import pytest
 
-from policies_app import lint
+from policies_app import engine, lint
 from policies_app.document import DocumentError, parse_yaml
 from policies_app.engine import VersionRef, compile_policy, evaluate, evaluate_egress
 
@@ -170,9 +172,32 @@ def test_egress_is_allowed_only_to_the_exact_host_and_port_listed():
     assert "did you mean pypi.org:443?" in other_port.hint
 
 
-def test_audit_mode_allows_egress_but_records_the_would_be_denial():
-    decision = evaluate_egress(compiled("mode: audit\n"), {"host": "example.com", "port": 443})
-    assert (decision.allowed, decision.effect, decision.reason_code) == (True, "audit_deny", "egress_denied")
+def test_audit_mode_observes_commands_but_still_enforces_egress():
+    # Letting every connection out to observe it would open the sandbox to the whole network.
+    for request in ({"host": "example.com", "port": 443}, {"host": "1.2.3.4", "port": 22}):  # strings: nothing sent
+        decision = evaluate_egress(compiled("mode: audit\nnetwork: {egress: allowlist, allow: ['pypi.org:443']}\n"),
+                                   request)
+        assert (decision.allowed, decision.effect) == (False, "deny"), request
+    assert evaluate_egress(compiled("mode: audit\n"), {"host": "example.com", "port": 443}).effect == "deny"
+
+
+def test_a_denial_s_hint_does_bounded_work_whatever_the_allowlist_s_size(monkeypatch):
+    # A sandbox can ask for denials thousands of times a second: the hint compares with a few
+    # entries of the same port, and lists a few.
+    entries = [f"host{n}.example.org:{443 if n % 2 else 80}" for n in range(256)]
+    policy = compiled(f"network: {{egress: allowlist, allow: {entries}}}\n")
+    compared, real = [], engine.difflib.get_close_matches
+
+    def spy(word, candidates, **options):
+        compared.append(list(candidates))
+        return real(word, candidates, **options)
+
+    monkeypatch.setattr(engine.difflib, "get_close_matches", spy)
+    decision = evaluate_egress(policy, {"host": "host7.example.org", "port": 80})
+    assert decision.reason_code == "egress_denied" and "and 246 more" in decision.hint
+    assert len(compared[0]) == engine.NEAR_CANDIDATES  # of 256
+    assert all(entry.endswith(":80") or entry.startswith("host7.") for entry in compared[0])
+    assert re.search(r"did you mean host[0-9]+\.example\.org:80\?", decision.hint), decision.hint
 
 
 def test_a_malformed_egress_request_is_schema_invalid_in_any_mode():

@@ -125,8 +125,20 @@ def hold(count: str, target: str) -> dict:
     return {"statuses": statuses}
 
 
+def flood(count: str, target: str) -> dict:
+    """`count` CONNECTs one after another, as fast as they are answered: how many got which answer."""
+    answers = {}
+    for _ in range(int(count)):
+        sock, status, _ = _connect(target)
+        sock.close()
+        reason = status.split(":")[0]
+        answers[reason] = answers.get(reason, 0) + 1
+    return {"answers": answers}
+
+
 CHECKS = {"direct": direct, "udp": udp, "raw": raw, "dns": dns, "interfaces": interfaces, "unix": unix,
-          "fetch": fetch, "tunnel": tunnel, "hold": hold}
+          "fetch": fetch, "tunnel": tunnel, "hold": hold,
+          "flood": flood}
 
 if __name__ == "__main__":
     name, *args = sys.argv[1:]

@@ -21,7 +21,7 @@ from sessions.models import CommandRun
 from sessions.runner.egress import egress_root
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import RuntimeUnavailable
-from tests.sessions.conftest import publish
+from tests.sessions.conftest import publish, running_runner
 from tests.sessions.test_stream import communicator
 from tests.upstreams import REPO_FILE, REPO_TEXT, WHEEL_VALUE, Upstreams
 
@@ -241,3 +241,25 @@ def test_a_shadow_candidate_judges_each_connection_too_and_replay_shows_what_it_
     result = replay(policy=policy_row, compiled=compiled_version(candidate))
     assert [(group.direction, group.examples) for group in result.groups] == [
         ("widening", [{"host": "files.test", "port": 80}])]
+
+
+def test_a_runner_warns_at_start_while_the_test_only_resolver_is_set(settings, caplog, transactional_db, sandboxes):
+    settings.AIRLOCK_EGRESS_TEST_HOSTS = {"pypi.test": ("127.0.0.1", 8081)}
+    with caplog.at_level("WARNING", logger="airlock.runner"), running_runner():
+        pass
+    assert "AIRLOCK_EGRESS_TEST_HOSTS is set: sandboxes reach pypi.test" in caplog.text
+    assert "never set it in production" in caplog.text
+
+
+@pytest.mark.parametrize("driver", ["bubblewrap"], indirect=True)  # the proxy's side: the same on every driver
+def test_a_flood_of_refused_connections_is_cut_short_and_recorded_once_a_second(egress):
+    session = egress.open()
+    answers = egress.probe(session, "flood", "600", "files.test:80")["answers"]
+    judged, flooded = answers.get("HTTP/1.1 403 Airlock egress_denied", 0), answers.get(
+        "HTTP/1.1 403 Airlock limit_exceeded", 0)
+    assert judged + flooded == 600 and flooded > 0, answers
+    assert judged <= 200 + 60, answers  # the burst, and what the rate refilled meanwhile
+    records = decisions(session, allowed=False)
+    assert len([record for record in records if record.reason_code == "egress_denied"]) == judged
+    rate = [record for record in records if record.rule_id == "egress.refusal_rate"]
+    assert 1 <= len(rate) <= 10 and rate[0].mode == "enforce" and rate[0].policy_version_id is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sessions.egress import proxy as proxy_module
 from sessions.egress.forward import HANDOFF, TAKEN
 from sessions.egress.proxy import EgressProxy, Limits, Resolver
 
@@ -127,15 +128,89 @@ async def test_a_denial_is_a_403_that_says_it_is_the_policy_with_the_decision_as
         assert upstream.connections == 0
 
 
-async def test_plain_http_is_judged_too_and_forwarded_in_origin_form():
-    async with proxy_for({("pypi.test", 80)}) as (proxy, upstream, decisions, _):
-        reader, writer = await asyncio.open_unix_connection(proxy.path)
-        writer.write(b"GET http://pypi.test/simple/ HTTP/1.1\r\nHost: pypi.test\r\n\r\n")
-        writer.write_eof()
-        await asyncio.wait_for(reader.read(), 10)
+class HttpUpstream(Upstream):
+    """Answers each request head it reads with a short 200 and closes, as a server told
+    `Connection: close` does; keeps what it read."""
+
+    async def _serve(self, reader, writer):
+        self.connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, TimeoutError):
+            self.received += await reader.readuntil(b"\r\n\r\n")
+            # Whatever else the client sent (a body, a pipelined request) would arrive by now.
+            self.received += await asyncio.wait_for(reader.read(65536), 0.1)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
         writer.close()
-        assert upstream.received == b"GET /simple/ HTTP/1.1\r\nHost: pypi.test\r\n\r\n"
+
+
+async def plain(proxy, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_unix_connection(proxy.path)
+    writer.write(request)
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return answer
+
+
+async def test_plain_http_is_judged_and_carries_exactly_one_request_rewritten_for_one_hop():
+    async with proxy_for({("pypi.test", 80)}) as (proxy, _, decisions, _):
+        upstream = HttpUpstream()
+        proxy.resolver.test_hosts["pypi.test"] = ("127.0.0.1", await upstream.start())
+        answer = await plain(proxy, b"GET http://pypi.test/simple/ HTTP/1.1\r\nHost: pypi.test\r\n"
+                                    b"Proxy-Authorization: Basic c2VjcmV0\r\nConnection: keep-alive, X-Hop\r\n"
+                                    b"X-Hop: 1\r\nAccept: */*\r\n\r\n"
+                                    b"GET http://other.test/secret HTTP/1.1\r\nHost: other.test\r\n\r\n")
+        assert answer.endswith(b"\r\n\r\nok")
+        # Origin form, hop-by-hop headers (and those Connection names) out, Connection: close in;
+        # the pipelined request for another host never left.
+        assert upstream.received == (b"GET /simple/ HTTP/1.1\r\nHost: pypi.test\r\nAccept: */*\r\n"
+                                     b"Connection: close\r\n\r\n")
         assert decisions == [("pypi.test", 80, True)]
+        body = await plain(proxy, b"POST http://pypi.test/upload HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello")
+        assert body.endswith(b"ok") and upstream.received.endswith(b"Host: pypi.test\r\nContent-Length: 5\r\n"
+                                                                   b"Connection: close\r\n\r\nhello")
+        upstream.server.close()
+
+
+@pytest.mark.parametrize(("request_head", "answer"), [
+    (b"GET http://pypi.test/ HTTP/1.1\r\nHost: evil.test\r\n\r\n", b"HTTP/1.1 403 Airlock egress_fronting"),
+    (b"GET http://pypi.test/ HTTP/1.1\r\nHost: pypi.test.evil.test\r\n\r\n", b"HTTP/1.1 403 Airlock egress_fronting"),
+    (b"POST http://pypi.test/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"HTTP/1.1 400 Airlock schema_invalid"),
+    (b"POST http://pypi.test/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+     b"HTTP/1.1 400 Airlock schema_invalid"),
+    (b"GET http://pypi.test/ HTTP/1.1\r\n Host: x\r\n\r\n", b"HTTP/1.1 400 Airlock schema_invalid"),
+    (b"CONNECT a..b.test:443 HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 Airlock schema_invalid"),
+    (b"CONNECT -a.test:443 HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 Airlock schema_invalid"),
+    (b"CONNECT [::1:443 HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 Airlock schema_invalid"),
+])
+async def test_a_request_that_would_reach_more_than_was_judged_is_refused(request_head, answer):
+    async with proxy_for({("pypi.test", 80), ("pypi.test", 443)}) as (proxy, upstream, _, _):
+        assert (await plain(proxy, request_head)).startswith(answer)
+        assert upstream.connections == 0
+
+
+async def test_connections_racing_in_cannot_pass_the_cap_together():
+    async with proxy_for({("pypi.test", 8080)}, limits=Limits(max_connections=2)) as (proxy, _, _, _):
+        async def attempt():
+            reader, writer = await asyncio.open_unix_connection(proxy.path)
+            writer.write(b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
+            return (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")[0], writer
+
+        results = await asyncio.gather(*(attempt() for _ in range(10)))
+        statuses = sorted(status for status, _ in results)
+        assert statuses.count(b"HTTP/1.1 200 Connection established") == 2, statuses
+        assert all(status.startswith(b"HTTP/1.1 403 Airlock limit_exceeded") for status in statuses[2:])
+        for _, writer in results:
+            writer.close()
+
+
+async def test_a_failing_judge_gets_the_client_an_answer_not_silence():
+    async with proxy_for({("pypi.test", 8080)}) as (proxy, _, _, _):
+        async def broken(host, port):
+            raise RuntimeError("the database went away")
+
+        proxy.judge.decide = broken
+        assert (await plain(proxy, b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")).startswith(
+            b"HTTP/1.1 502 Airlock proxy_error")
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "169.254.169.254", "[::1]", "10.0.0.1"])
@@ -270,6 +345,7 @@ async def test_a_connection_handed_over_is_served_directly_and_anything_else_han
         program.close()
         listener.close()
 
+        descriptors = len(os.listdir(f"/proc/{os.getpid()}/fd"))
         read_end, write_end = os.pipe()  # not a socket: refused, and the connection is carried as it is
         forwarder = socket.socket(socket.AF_UNIX)
         forwarder.connect(proxy.path)
@@ -286,5 +362,80 @@ async def test_a_connection_handed_over_is_served_directly_and_anything_else_han
         reply = await loop.run_in_executor(None, read_all)
         assert reply.startswith(b"NHTTP/1.1 403 Airlock egress_denied: other.test:8080"), reply
         os.close(write_end)
-        assert len(os.listdir(f"/proc/{os.getpid()}/fd")) < 100  # nothing piles up
         forwarder.close()
+        await asyncio.sleep(0.05)
+        assert len(os.listdir(f"/proc/{os.getpid()}/fd")) <= descriptors  # the pipe end handed over was closed
+
+
+def hello_with_ech(server_name: str) -> bytes:
+    """A ClientHello naming `server_name` in the clear, with an encrypted_client_hello extension
+    (0xfe0d) beside it, as a client hiding its real destination would send."""
+    record = bytearray(hello(server_name))
+    body_start = 5 + 4
+    at = body_start + 2 + 32
+    at += 1 + record[at]  # session id
+    at += 2 + int.from_bytes(record[at:at + 2], "big")  # cipher suites
+    at += 1 + record[at]  # compression methods
+    extra = (0xFE0D).to_bytes(2, "big") + (4).to_bytes(2, "big") + b"\x00\x01\x02\x03"
+    record[at:at + 2] = (int.from_bytes(record[at:at + 2], "big") + len(extra)).to_bytes(2, "big")
+    record += extra
+    record[3:5] = (int.from_bytes(record[3:5], "big") + len(extra)).to_bytes(2, "big")
+    record[6:9] = (int.from_bytes(record[6:9], "big") + len(extra)).to_bytes(3, "big")
+    return bytes(record)
+
+
+async def test_tls_must_not_hide_its_name_and_an_ip_literal_tunnel_names_none():
+    async with proxy_for({("pypi.test", 443), ("127.0.0.1", 443)}) as (proxy, upstream, _, records):
+        head, rest = await ask(proxy, b"CONNECT pypi.test:443 HTTP/1.1\r\n\r\n", hello_with_ech("pypi.test"))
+        assert head.startswith(b"HTTP/1.1 200") and rest == b"" and upstream.received == b""
+        assert records[-1][2] == "egress_fronting" and "encrypted ClientHello" in records[-1][3]
+        proxy.resolver.test_hosts["127.0.0.1"] = proxy.resolver.test_hosts["pypi.test"]  # the literal, on loopback
+        head, rest = await ask(proxy, b"CONNECT 127.0.0.1:443 HTTP/1.1\r\n\r\n", hello("other.example"))
+        assert rest == b"" and upstream.received == b"" and records[-1][2] == "egress_fronting"
+
+
+async def test_plain_http_to_a_tls_port_is_refused():
+    async with proxy_for({("pypi.test", 443)}) as (proxy, upstream, _, _):
+        answer = await plain(proxy, b"GET http://pypi.test:443/ HTTP/1.1\r\nHost: pypi.test\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400 Airlock egress_not_tls") and upstream.connections == 0
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    """Whether the proxy closed the connection without answering anything more."""
+    try:
+        return await asyncio.wait_for(reader.read(), 5) == b""
+    except ConnectionError:  # reset, or a broken pipe: closed with bytes of ours unread
+        return True
+
+
+async def test_a_hello_dribbled_out_or_a_tunnel_left_idle_is_closed(monkeypatch):
+    monkeypatch.setattr(proxy_module, "HEAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(proxy_module, "IDLE_TIMEOUT_S", 0.5)
+    async with proxy_for({("pypi.test", 443), ("pypi.test", 8080)}) as (proxy, _, _, records):
+        reader, writer = await asyncio.open_unix_connection(proxy.path)
+        writer.write(b"CONNECT pypi.test:443 HTTP/1.1\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        with contextlib.suppress(ConnectionError):  # one byte every 0.2 s: each read is quick, the whole is not
+            for byte in hello("pypi.test")[:8]:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.2)
+        assert await closed(reader)
+        assert records[-1][:2] == ("pypi.test", 443)  # the attempt is recorded all the same
+        writer.close()
+        reader, writer = await asyncio.open_unix_connection(proxy.path)
+        writer.write(b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        assert await closed(reader)  # nothing either way: closed
+        writer.close()
+
+
+async def test_past_the_process_wide_cap_a_connection_is_closed_unserved(monkeypatch):
+    monkeypatch.setattr(proxy_module, "_process_cap", lambda: 1)
+    async with proxy_for({("pypi.test", 8080)}) as (proxy, _, decisions, _):
+        reader, writer = await asyncio.open_unix_connection(proxy.path)
+        writer.write(b"CONNECT pypi.test:8080 HTTP/1.1\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")  # held open: the one the cap allows
+        second, _ = await asyncio.open_unix_connection(proxy.path)
+        assert await closed(second) and len(decisions) == 1
+        writer.close()
