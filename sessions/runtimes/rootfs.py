@@ -94,7 +94,7 @@ def require() -> RootFS:
     rootfs = current()
     if rootfs is None:
         raise RuntimeUnavailable(
-            "the sandbox root filesystem is not built; run: .venv/bin/python manage.py build_rootfs (as root, ~45 s; "
+            "the sandbox root filesystem is not built; run: .venv/bin/python manage.py build_rootfs (as root, ~50 s; "
             "`make run` does it)"
         )
     return rootfs
@@ -134,7 +134,7 @@ def _build_locked(base: Path, progress: Callable[[str], None], meter: Meter) -> 
     tree.mkdir(parents=True)
     log_path = partial / "debootstrap.log"
     started = time.monotonic()
-    progress(f"debootstrap {RECIPE['variant']} {RECIPE['suite']} with {', '.join(RECIPE['packages'])} (~45 s)")
+    progress(f"debootstrap {RECIPE['variant']} {RECIPE['suite']} with {', '.join(RECIPE['packages'])} (~50 s)")
     command = [
         "debootstrap", "--debian-installer", f"--variant={RECIPE['variant']}",
         f"--include={','.join(RECIPE['packages'])}", RECIPE["suite"], str(tree), RECIPE["mirror"],
