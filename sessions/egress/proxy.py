@@ -12,6 +12,7 @@ of its connections."""
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import json
 import logging
@@ -132,6 +133,7 @@ class EgressProxy:
         self._sweeping: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._tunnels: dict[asyncio.Task, list[float]] = {}  # open tunnels: when each last moved a byte
+        self._accept_failed_at = float("-inf")
 
     async def start(self, *, mode: int = 0o600, owner: int | None = None) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -170,8 +172,10 @@ class EgressProxy:
         while True:
             try:
                 client, _ = await loop.sock_accept(self._listener)
-            except OSError:  # out of descriptors, say: the next one may work
-                log.exception("the egress proxy at %s could not accept", self.path)
+            except OSError as exc:  # out of descriptors, say: the next one may work
+                if loop.time() - self._accept_failed_at > 60:  # said once a minute, not ten times a second
+                    log.error("the egress proxy at %s could not accept a connection: %s", self.path, exc)
+                    self._accept_failed_at = loop.time()
                 await asyncio.sleep(0.1)
                 continue
             # A sandbox holding connections open must not exhaust the server's descriptors: a cap
@@ -179,13 +183,20 @@ class EgressProxy:
             if len(self._tasks) >= MAX_CLIENTS or _OPEN[0] >= _process_cap():
                 client.close()
                 continue
+            _OPEN[0] += 1  # counted here, not when the task runs: a burst accepted at once counts too
             task = asyncio.create_task(self._handle(client))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(self._handled, client))
+
+    def _handled(self, client: socket.socket, task: asyncio.Task) -> None:
+        """Whatever became of the task (it may be cancelled before it ran), its count and its
+        socket go."""
+        _OPEN[0] -= 1
+        self._tasks.discard(task)
+        client.close()
 
     async def _handle(self, connection: socket.socket) -> None:
         client = connection
-        _OPEN[0] += 1
         try:
             client, first = await self._client_of(connection)
             if client is connection:  # room for a burst towards the sandbox (TCP tunes its own)
@@ -204,7 +215,6 @@ class EgressProxy:
                 client.send(_answer(Refused(502, "proxy_error", "the egress proxy failed on this request",
                                             "try again; the server log has the details")))
         finally:
-            _OPEN[0] -= 1
             client.close()
             connection.close()
 
