@@ -22,8 +22,10 @@ from publicsuffixlist import PublicSuffixList
 
 HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 ENTRY = re.compile(rf"(?P<wildcard>\*\.)?(?P<host>{HOST}|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{{1,5}})")
-# Egress refusals no rule decides: the proxy's guards, whatever the policy says. Replay leaves them
-# out (a draft cannot change them), and neither "Allow this" nor an exception is offered.
+# Egress refusals a rule decides ("Allow this" and exceptions can turn them), and those no rule
+# decides: the proxy's guards, whatever the policy says. Replay leaves the guards' out (a draft
+# cannot change them), and neither "Allow this" nor an exception is offered for them.
+RULE_REASONS = {"egress_denied", "egress_ip_literal"}
 GUARD_REASONS = {"egress_address_denied", "egress_fronting", "egress_not_tls", "egress_control_plane",
                  "limit_exceeded"}
 # Domains under which anyone can make a name of their own (buckets, functions, pages, tunnels)

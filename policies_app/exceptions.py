@@ -27,7 +27,7 @@ from policies_app.engine import WORKSPACE, CompiledPolicy, Decision, path_candid
 from policies_app.models import DecisionRecord, Policy, PolicyException
 
 GRANTABLE = {"exec": {"bin_not_allowed", "arg_denied", "default_deny"},
-             "egress": {"egress_denied", "egress_ip_literal"}}
+             "egress": egress.RULE_REASONS}
 MAX_LIFETIME = timedelta(days=90)
 RULE_PREFIX = "exception:"
 

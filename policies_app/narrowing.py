@@ -23,7 +23,6 @@ from policies_app.engine import VersionRef, compile_policy, evaluate
 from policies_app.models import DecisionRecord, PolicyVersion
 
 NARROWABLE = {"bin_not_allowed", "arg_denied", "default_deny"}
-NARROWABLE_EGRESS = {"egress_denied", "egress_ip_literal"}
 
 
 class NotNarrowable(Exception):
@@ -61,7 +60,7 @@ def egress_entry(record: DecisionRecord) -> str:
 
 def _why_not_egress(record: DecisionRecord) -> str | None:
     request = record.request if isinstance(record.request, dict) else {}
-    if record.reason_code not in NARROWABLE_EGRESS:
+    if record.reason_code not in egress.RULE_REASONS:
         return (f"a `{record.reason_code}` refusal holds whatever the policy says (docs/architecture.md, "
                 "\"Egress\")")
     if record.policy_version_id is None:
