@@ -13,16 +13,23 @@ from django.db import transaction
 
 from sessions.models import Session, session_group, tenant_group
 
+_loop: asyncio.AbstractEventLoop | None = None  # the loop of this process's runner, if it has one
+
+
+def deliver_on(loop: asyncio.AbstractEventLoop | None) -> None:
+    """Send events on `loop` from now on (sessions/runner/__init__.py says which, when this
+    process gets or loses a runner): this module knows nothing of runners."""
+    global _loop
+    _loop = loop
+
 
 def publish(group: str, event: dict) -> None:
     """Send one event to a group now, from synchronous code."""
-    from sessions.runner import local_runner
-
     message = {"type": "airlock.event", "event": event}
     layer = get_channel_layer()
-    runner = local_runner()
-    if runner is not None and runner.loop is not None and runner.loop.is_running():
-        asyncio.run_coroutine_threadsafe(layer.group_send(group, message), runner.loop)
+    loop = _loop
+    if loop is not None and loop.is_running():
+        asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
         return
     async_to_sync(layer.group_send)(group, message)
 

@@ -9,6 +9,8 @@ import asyncio
 
 from django.conf import settings
 
+from sessions import events
+
 _local = None
 _starting: asyncio.Lock | None = None
 
@@ -18,8 +20,10 @@ def local_runner():
 
 
 def set_local_runner(runner) -> None:
+    """This process's runner (started), or None; live events are sent on its loop."""
     global _local
     _local = runner
+    events.deliver_on(runner.loop if runner is not None else None)
 
 
 async def ensure_embedded_runner() -> None:
