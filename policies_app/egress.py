@@ -17,6 +17,7 @@ import ipaddress
 import re
 import socket
 import struct
+import time
 
 from publicsuffixlist import PublicSuffixList
 
@@ -147,9 +148,22 @@ def denied_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, th
     return None
 
 
+HOST_ADDRESSES_FRESH_S = 1.0
+_host_addresses: tuple[float, frozenset] = (float("-inf"), frozenset())
+
+
 def host_addresses() -> frozenset:
-    """Every address of this host's interfaces, secondary ones included (read from the kernel on
-    each call: they change): IPv4 from the local routing table, IPv6 from /proc/net/if_inet6."""
+    """Every address of this host's interfaces, secondary ones included: read from the kernel at
+    most once a second (they change, and a proxy asks on every connection)."""
+    global _host_addresses
+    read_at, addresses = _host_addresses
+    if time.monotonic() - read_at > HOST_ADDRESSES_FRESH_S:
+        _host_addresses = (time.monotonic(), addresses := _read_host_addresses())
+    return addresses
+
+
+def _read_host_addresses() -> frozenset:
+    """IPv4 from the local routing table, IPv6 from /proc/net/if_inet6."""
     found = set()
     try:
         with open("/proc/net/fib_trie") as trie:

@@ -7,7 +7,6 @@ Nothing here listens anywhere but 127.0.0.1."""
 import base64
 import hashlib
 import io
-import socket
 import socketserver
 import ssl
 import subprocess
@@ -139,8 +138,3 @@ class Upstreams:
             server.shutdown()
             server.server_close()
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
