@@ -21,7 +21,7 @@ from channels.security.websocket import OriginValidator
 from django.conf import settings
 
 from controlplane.routing import websocket_urlpatterns
-from sessions.runner import ensure_embedded_runner
+from sessions.runner.core import ensure_embedded_runner
 
 
 class BrowserOriginValidator(OriginValidator):

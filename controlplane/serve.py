@@ -1,5 +1,8 @@
 """`python -m controlplane.serve [daphne's options] controlplane.asgi:application`: daphne, with
-four things it lacks.
+four things it lacks. The first two reach into daphne: `daphne.server.HTTPFactory` is replaced
+(Server.run builds its listener with it; daphne has no option for a request factory), and a
+connection's transport gets a producer of ours. Upstream: django/daphne#483 (a request body is
+held whole in memory) and django/daphne#170 (no backpressure on WebSocket sends), both open.
 
 A bound on request bodies. Daphne holds a whole body in memory before the application sees a
 byte of it, so one 300 MB upload, signed in or not, would cost 300 MB. Here a body longer than

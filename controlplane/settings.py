@@ -1,6 +1,8 @@
 """Airlock settings: one module, driven by the environment (see the table in README.md)."""
 
+import fnmatch
 import os
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -99,6 +101,8 @@ DATABASES = {
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = check_redis_url(env_str("REDIS_URL"))
+# Every request for a runner is a message on its channel (a bulk kill sends one per session).
+RUNNER_CHANNEL_CAPACITY = {"airlock.runner.*": 10_000}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -106,11 +110,17 @@ if REDIS_URL:
             # redis-py 8 reads with a 5 s socket timeout by default, exactly channels-redis's BRPOP
             # wait: an idle receive would then fail with TimeoutError. Reads wait longer than that.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15, "health_check_interval": 30}],
-                       "prefix": env_str("AIRLOCK_CHANNEL_PREFIX") or "airlock"},
+                       "prefix": env_str("AIRLOCK_CHANNEL_PREFIX") or "airlock",
+                       "channel_capacity": RUNNER_CHANNEL_CAPACITY},
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer",
+                                  # Given compiled: channels' in-memory layer never compiles the globs
+                                  # (channels_redis does; cf. django/channels_redis#73).
+                                  "CONFIG": {"channel_capacity": [(re.compile(fnmatch.translate(glob)), capacity)
+                                                                  for glob, capacity in
+                                                                  RUNNER_CHANNEL_CAPACITY.items()]}}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

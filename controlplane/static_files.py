@@ -3,7 +3,10 @@
 WhiteNoise's own middleware is synchronous only, and a single synchronous middleware makes
 Django run every request under ASGI through one shared thread: one API call waiting for a
 sandbox would then hold up all the others. This one looks static files up without I/O (the
-table is built at start-up), serves them from a worker thread, and awaits everything else."""
+table is built at start-up), serves them from a worker thread, and awaits everything else.
+It reads WhiteNoise's `files` table and `find_file`, which are not documented API. Upstream:
+evansd/whitenoise#359 (async middleware; open, and forked as ServeStatic, which would replace
+this module)."""
 
 from asgiref.sync import markcoroutinefunction, sync_to_async
 from whitenoise.middleware import WhiteNoiseMiddleware

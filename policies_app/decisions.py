@@ -10,9 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from controlplane import rows
 from controlplane.models import Tenant
 from controlplane.redaction import redact, redact_data
 from policies_app import egress, exceptions
@@ -159,34 +160,22 @@ def store_taken(taken: Iterable[Taken], secrets: Iterable[str] = ()) -> None:
             shadow_reason_code=(shadow.reason_code or "") if shadow else "",
             shadow_rule_id=(shadow.rule_id or "") if shadow else ""))
     with transaction.atomic():
-        _insert(records)
+        rows.insert(records)
         count_decisions(records)
-
-
-def _insert(records: list[DecisionRecord]) -> None:
-    """One INSERT statement run for all rows (executemany): what bulk_create does, without
-    compiling each row's SQL, which cost more than the write (a row per egress connection)."""
-    fields = DecisionRecord._meta.concrete_fields
-    table = connection.ops.quote_name(DecisionRecord._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
-    rows = [[field.get_db_prep_save(field.pre_save(record, True), connection) for field in fields]
-            for record in records]
-    with connection.cursor() as cursor:
-        cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})",  # noqa: S608
-                           rows)
 
 
 def _store(tenant, version, kind, request, decision: Decision, eval_us: int, session_id, conversation_id,
            secrets: tuple, **extra) -> DecisionRecord:
     """Record a decision, and count it in the hourly rollups when it is a denial."""
+    record = DecisionRecord(
+        tenant=tenant, session_id=session_id, conversation_id=conversation_id, policy_version=version,
+        mode=decision.mode, kind=kind, request=redact_data(request, secrets), allowed=decision.allowed,
+        subject=redact(subject_of(kind, request), secrets)[:255],
+        effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
+        message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us, **extra,
+    )
     with transaction.atomic():
-        record = DecisionRecord.objects.create(
-            tenant=tenant, session_id=session_id, conversation_id=conversation_id, policy_version=version,
-            mode=decision.mode, kind=kind, request=redact_data(request, secrets), allowed=decision.allowed,
-            subject=redact(subject_of(kind, request), secrets)[:255],
-            effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
-            message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us, **extra,
-        )
+        rows.insert([record])
         count_decision(record)
     return record
 

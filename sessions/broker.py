@@ -1,75 +1,35 @@
 """The command broker: a validated intent → a policy decision (recorded) → a refusal with that
-decision, or a queued CommandRun handed to the session's runner. Session lifecycle operations
-that need the runner (create, end, kill, files) live here too, so views stay short.
+decision, or a queued CommandRun handed to the session's runner; and workspace files, gated the
+same way. A session's own moves (open, end, kill) are in sessions/lifecycle.py.
 
 The decision is taken with the version the session pinned when it started: publishing a new
 version changes what new sessions may do, never what a running one may."""
 
 import time
-from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.utils import timezone
 
-from controlplane.models import Tenant
 from controlplane.redaction import configured_secrets, redact_data
 from policies_app.decisions import Evaluation, allow_file, decide, record_payload, refuse
-from policies_app.models import Policy
 from sessions import services
-from sessions.models import CommandRun, Session, SessionState
-from sessions.runner.client import NoRunner, runner_call, runner_pick, runner_send
-from sessions.workspace import WRITE_DEADLINE_S, allowed_repositories, normalize_path
-
-CREATE_TIMEOUT_S = 120  # a gVisor sandbox with a large checkout can take seconds
-RELEASE_TIMEOUT_S = 60
+from sessions.lifecycle import LifecycleError, not_live
+from sessions.models import CommandRun, Session
+from sessions.runner.client import runner_call, runner_send
+from sessions.workspace import WRITE_DEADLINE_S, normalize_path
 
 
-class BrokerError(Exception):
-    """Refused or failed, with an API error code, a message, and the HTTP status it maps to."""
+class BrokerError(LifecycleError):
+    """Refused or failed, as a LifecycleError is, with the decision when one was taken."""
 
     def __init__(self, code: str, detail: str, status: int, decision: dict | None = None):
-        super().__init__(detail)
-        self.code, self.detail, self.status, self.decision = code, detail, status, decision
+        super().__init__(code, detail, status)
+        self.decision = decision
 
 
-@dataclass
-class Created:
-    session: Session
-    token: str
-
-
-def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repository: str,
-                 actor_label: str) -> Created:
-    policy = Policy.objects.filter(tenant=tenant, name=policy_name).first()
-    version = policy.published_version() if policy else None
-    if version is None:
-        raise BrokerError("policy_not_published", f"policy {policy_name!r} has no published version; a security "
-                          "admin can publish one", 409)
-    if repository and repository not in allowed_repositories(tenant.slug):
-        raise BrokerError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)
-    try:
-        runner = runner_pick()
-    except NoRunner as exc:
-        raise BrokerError("no_runner", str(exc), 503) from None
-    session, token = services.session_create(tenant=tenant, conversation_id=conversation_id, policy_version=version,
-                                             runner=runner, created_by=actor_label, workspace_source=repository)
-    reply = runner_call(runner.pk, {"type": "session.create", "session": str(session.pk), "tenant": tenant.pk},
-                        timeout_s=CREATE_TIMEOUT_S)
-    if not reply.get("ok"):
-        services.session_finish(session_id=session.pk, state=SessionState.FAILED, reason=reply.get("detail", ""))
-        chosen_by = (f"policy `{policy.name}` v{version.number} names it in runtime" if services.driver_of(version)[1]
-                     else "the deployment's default, AIRLOCK_RUNTIME")
-        raise BrokerError("sandbox_unavailable", f"the sandbox could not start on the {session.driver} driver "
-                          f"({chosen_by}): {reply.get('detail')}", 503)
-    session.refresh_from_db()
-    return Created(session=session, token=token)
-
-
-def _not_active(session: Session, kind: str, request: dict) -> Evaluation:
-    state = session.state if session.state != SessionState.READY else "past its time to live"
+def _not_active(session: Session, why: str, kind: str, request: dict) -> Evaluation:
     return refuse(tenant=session.tenant, version=session.policy_version, kind=kind, request=request,
-                  reason_code="session_not_active", message=f"the session is {state}",
+                  reason_code="session_not_active", message=f"the session is {why}",
                   hint="open a new session; an ended, killed, expired or failed session runs nothing",
                   session_id=session.pk, conversation_id=session.conversation_id, secrets=configured_secrets())
 
@@ -78,9 +38,11 @@ def command_propose(*, session: Session, request: dict, wait: bool) -> CommandRu
     """Decide, queue, hand to the runner. Raises BrokerError(command_denied) with the decision."""
     secrets = configured_secrets()
     with transaction.atomic():
-        locked = Session.objects.select_for_update().get(pk=session.pk)
-        if locked.state != SessionState.READY or locked.expires_at <= timezone.now():
-            evaluation = _not_active(locked, "exec", request)
+        state, expires_at = (Session.objects.select_for_update().filter(pk=session.pk)
+                             .values_list("state", "expires_at").get())
+        why = not_live(state, expires_at)
+        if why is not None:
+            evaluation = _not_active(session, why, "exec", request)
         else:
             evaluation = decide(tenant=session.tenant, policy=session.policy_version.policy, request=request,
                                 session_id=session.pk, conversation_id=session.conversation_id,
@@ -119,42 +81,6 @@ def _payload(evaluation: Evaluation) -> dict:
     return record_payload(evaluation.record)
 
 
-def session_stop(*, session: Session, state: str, actor, reason: str, wait: bool = True) -> Session:
-    """End (`ended`) or kill (`killed`) a session and have its runner destroy the sandbox;
-    `wait` for it (the API), or only tell it (the dashboard's one request thread)."""
-    if state == SessionState.KILLED:
-        moved = services.session_kill(session=session, actor=actor, reason=reason)
-    else:
-        moved = services.session_finish(session_id=session.pk, state=state, reason=reason)
-    if not moved:
-        session.refresh_from_db()
-        raise BrokerError("session_not_active", f"the session is already {session.state}", 409)
-    if wait:
-        release(session)
-    elif session.runner_id:
-        runner_send(session.runner_id, {"type": "session.release", "session": str(session.pk)})
-    session.refresh_from_db()
-    return session
-
-
-def release(session: Session) -> None:
-    """Tell the owning runner to tear the sandbox down. If it does not answer, its housekeeping
-    (or, if it is dead, the reaper of a live runner) destroys the sandbox of the ended session."""
-    if session.runner_id:
-        runner_call(session.runner_id, {"type": "session.release", "session": str(session.pk)},
-                    timeout_s=RELEASE_TIMEOUT_S)
-
-
-def sessions_kill_bulk(*, tenant: Tenant, conversation_id: str | None, actor, reason: str) -> int:
-    killed = 0
-    for session in services.sessions_for_bulk_kill(tenant=tenant, conversation_id=conversation_id):
-        if services.session_kill(session=session, actor=actor, reason=reason):
-            killed += 1
-            if session.runner_id:
-                runner_send(session.runner_id, {"type": "session.release", "session": str(session.pk)})
-    return killed
-
-
 def file_operation(*, session: Session, op: str, path: str, data: bytes | None = None) -> bytes | None:
     """Read or write one workspace file through the runner, gated like a command (kind `file`)."""
     request = {"op": op, "path": path, "bytes": len(data) if data is not None else None}
@@ -167,8 +93,9 @@ def file_operation(*, session: Session, op: str, path: str, data: bytes | None =
                             hint="use a path relative to /workspace without `..`", session_id=session.pk,
                             conversation_id=session.conversation_id, secrets=secrets)
         raise BrokerError("file_denied", evaluation.decision.message, 403, _payload(evaluation)) from None
-    if session.state != SessionState.READY or session.expires_at <= timezone.now():
-        evaluation = _not_active(session, "file", request)
+    why = not_live(session.state, session.expires_at)
+    if why is not None:
+        evaluation = _not_active(session, why, "file", request)
         raise BrokerError("file_denied", evaluation.decision.message, 403, _payload(evaluation))
     allow_file(tenant=session.tenant, version=session.policy_version, request=request, session_id=session.pk,
                conversation_id=session.conversation_id, secrets=secrets)

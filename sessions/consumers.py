@@ -30,6 +30,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.models import Membership
+from sessions.lifecycle import not_live
 from sessions.models import CommandState, Session, runner_channel, session_group, tenant_group
 from sessions.selectors import session_by_token
 
@@ -71,11 +72,9 @@ def _session_for_user(user, session_id) -> Session | None:
 @database_sync_to_async
 def _session_for_token(token: str, session_id) -> Session | None:
     session = session_by_token(token) if token.startswith("ast_") else None
-    if session is None or str(session.pk) != str(session_id) or not session.is_active:
+    if session is None or str(session.pk) != str(session_id):
         return None
-    if session.expires_at <= timezone.now():
-        return None
-    return session
+    return session if not_live(session.state, session.expires_at, creating=True) is None else None
 
 
 @database_sync_to_async

@@ -1,37 +1,20 @@
 """Live events: sent to channel-layer groups only after the transaction that caused them commits.
 
 Groups: `session.<id>` (that session's WebSocket subscribers) and `tenant.<id>.sessions` (the
-operator dashboard's live list). With the in-memory layer every send must happen on the event
-loop that serves the WebSockets; when this process embeds a runner, that is the runner's loop,
-so sends from other threads are handed to it."""
+operator dashboard's live list). Sends go through sessions/layer.py, which knows on which loop
+the in-memory layer lives. This module imports nothing of the runner."""
 
-import asyncio
-
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from sessions import layer
 from sessions.models import Session, session_group, tenant_group
-
-_loop: asyncio.AbstractEventLoop | None = None  # the loop of this process's runner, if it has one
-
-
-def deliver_on(loop: asyncio.AbstractEventLoop | None) -> None:
-    """Send events on `loop` from now on (sessions/runner/__init__.py says which, when this
-    process gets or loses a runner): this module knows nothing of runners."""
-    global _loop
-    _loop = loop
 
 
 def publish(group: str, event: dict) -> None:
     """Send one event to a group now, from synchronous code."""
     message = {"type": "airlock.event", "event": event}
-    layer = get_channel_layer()
-    loop = _loop
-    if loop is not None and loop.is_running():
-        asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
-        return
-    async_to_sync(layer.group_send)(group, message)
+    layer.start(lambda: get_channel_layer().group_send(group, message))
 
 
 def publish_on_commit(group: str, event: dict) -> None:

@@ -1,8 +1,7 @@
 """Sessions, the commands run in them, and the runners that own their sandboxes.
 
 A session's state only moves forward: creating → ready → one of ended / killed / expired /
-failed. Every transition goes through `Session.objects.transition`, a conditional UPDATE, so two
-actors racing (a kill and the TTL, a runner and the API) cannot both win."""
+failed; sessions/lifecycle.py moves it."""
 
 import hashlib
 import secrets
@@ -38,15 +37,6 @@ class SessionQuerySet(models.QuerySet):
     def active(self):
         return self.filter(state__in=ACTIVE_STATES)
 
-    def transition(self, session_id, *, to: str, reason: str = "", allowed_from=ACTIVE_STATES) -> bool:
-        """Move one session to `to` if it is in `allowed_from`; True when this call moved it."""
-        now = timezone.now()
-        changes = {"state": to, "state_reason": reason[:500]}
-        if to == SessionState.READY:
-            changes["ready_at"] = now
-        else:
-            changes["ended_at"] = now
-        return bool(self.filter(pk=session_id, state__in=allowed_from).update(**changes))
 
 
 class Session(models.Model):

@@ -1,28 +1,21 @@
-"""Writes of sessions and command runs. Each state change is a conditional UPDATE (the state
-machine of models.SessionQuerySet.transition) and its live event leaves after commit."""
+"""Writes of command runs and of a session's figures. A session's state moves in
+sessions/lifecycle.py; each live event leaves after commit."""
 
 import functools
-from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from controlplane.audit import audit_record
-from controlplane.models import Tenant
+from controlplane import rows
 from policies_app.document import DocumentError, Runtime, parse_yaml
 from policies_app.models import DecisionRecord, PolicyVersion
-from sessions.events import publish_on_commit, session_changed_on_commit
+from sessions.events import publish_on_commit
 from sessions.models import (
-    ACTIVE_STATES,
     CommandRun,
     CommandState,
-    Runner,
     Session,
-    SessionState,
-    hash_token,
-    new_token,
     session_group,
 )
 
@@ -47,66 +40,6 @@ def _runtime_as_written(source: str) -> Runtime | None:
         return None
 
 
-@transaction.atomic
-def session_create(*, tenant: Tenant, conversation_id: str, policy_version: PolicyVersion, runner: Runner,
-                   created_by: str, workspace_source: str = "") -> tuple[Session, str]:
-    """A session in state `creating`, placed on `runner`; returns it with its token (shown once)."""
-    token = new_token()
-    document = policy_version.document
-    driver, _named = driver_of(policy_version)
-    now = timezone.now()
-    session = Session.objects.create(
-        tenant=tenant, conversation_id=conversation_id, policy_version=policy_version,
-        driver=driver, runner=runner, token_hash=hash_token(token),
-        workspace_source=workspace_source, created_by=created_by[:100], created_at=now, last_activity_at=now,
-        expires_at=now + timedelta(seconds=document["limits"]["session_ttl_s"]),
-    )
-    session_changed_on_commit(session)
-    return session, token
-
-
-@transaction.atomic
-def session_ready(*, session_id, rootfs_digest: str, prepare_ms: int | None = None,
-                  cache_hit: bool | None = None) -> bool:
-    """`prepare_ms`: the runner's time to make the sandbox and its workspace; `cache_hit`: the
-    root filesystem was already in the local cache."""
-    Session.objects.filter(pk=session_id).update(rootfs_digest=rootfs_digest, prepare_ms=prepare_ms,
-                                                 cache_hit=cache_hit)
-    moved = Session.objects.transition(session_id, to=SessionState.READY, allowed_from=(SessionState.CREATING,))
-    if moved:
-        session_changed_on_commit(Session.objects.select_related("policy_version__policy").get(pk=session_id))
-    return moved
-
-
-@transaction.atomic
-def session_finish(*, session_id, state: str, reason: str) -> bool:
-    """End an active session in `state` (ended, killed, expired, failed). Its queued and running
-    commands end with it. True when this call ended it; False when it had already ended."""
-    moved = Session.objects.transition(session_id, to=state, reason=reason)
-    if moved:
-        commands_abandon(session_id=session_id, state=CommandState.KILLED if state == SessionState.KILLED
-                         else CommandState.FAILED, reason=f"session {state}")
-        session_changed_on_commit(Session.objects.select_related("policy_version__policy").get(pk=session_id))
-    return moved
-
-
-def session_kill(*, session: Session, actor, reason: str = "") -> bool:
-    """Kill a session (its runner is told by the caller, after commit). Audited."""
-    with transaction.atomic():
-        moved = session_finish(session_id=session.pk, state=SessionState.KILLED, reason=reason or "killed")
-        if moved:
-            audit_record(tenant=session.tenant, actor=actor, action="session.killed", target=session,
-                         data={"conversation_id": session.conversation_id, "reason": reason})
-    return moved
-
-
-def sessions_for_bulk_kill(*, tenant: Tenant, conversation_id: str | None) -> list[Session]:
-    sessions = Session.objects.filter(tenant=tenant, state__in=ACTIVE_STATES)
-    if conversation_id is not None:
-        sessions = sessions.filter(conversation_id=conversation_id)
-    return list(sessions.select_related("tenant"))
-
-
 def session_touch(*, session_id) -> None:
     Session.objects.filter(pk=session_id).update(last_activity_at=timezone.now())
 
@@ -118,7 +51,9 @@ def session_record_stats(*, session_id, cpu_s, memory_bytes, disk_bytes) -> None
 @transaction.atomic
 def command_queue(*, session: Session, argv: list[str], cwd: str, timeout_s: int,
                   decision: DecisionRecord) -> CommandRun:
-    return CommandRun.objects.create(session=session, argv=argv, cwd=cwd, timeout_s=timeout_s, decision=decision)
+    command = CommandRun(session=session, argv=argv, cwd=cwd, timeout_s=timeout_s, decision=decision)
+    rows.insert([command])
+    return command
 
 
 def command_start(*, command_id):
@@ -129,13 +64,16 @@ def command_start(*, command_id):
     return now if marked else None
 
 
-def command_finish(*, command_id, exit_code: int | None, reason: str, output: str, truncated: bool,
+@transaction.atomic
+def command_finish(*, session_id, command_id, exit_code: int | None, reason: str, output: str, truncated: bool,
                    output_bytes: int, duration_ms: int) -> dict:
-    """Record a command's end; returns the fields written (a waiting caller answers with them)."""
+    """Record a command's end, and its session's activity, in one transaction; returns the fields
+    written (a waiting caller answers with them)."""
     fields = {"state": COMMAND_STATE_BY_REASON.get(reason, CommandState.FAILED), "exit_code": exit_code,
               "reason": reason, "output": output, "truncated": truncated, "output_bytes": output_bytes,
               "duration_ms": duration_ms, "ended_at": timezone.now()}
     CommandRun.objects.filter(pk=command_id).update(**fields, started_at=Coalesce("started_at", fields["ended_at"]))
+    Session.objects.filter(pk=session_id).update(last_activity_at=fields["ended_at"])
     return fields
 
 

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 from controlplane.decorators import tenant_view
 from policies_app.denials import PERIODS
 from policies_app.rollups import by_hour
-from sessions import broker, selectors
+from sessions import lifecycle, selectors
 from sessions.metrics import tenant_metrics
 from sessions.models import SessionState
 
@@ -46,10 +46,10 @@ def session_detail(request, session_id):
 def session_kill(request, session_id):
     session = selectors.session_get(request.tenant, session_id)
     try:
-        broker.session_stop(session=session, state=SessionState.KILLED, actor=request.user,
-                            reason=f"killed by {request.user.get_username()}", wait=False)
+        lifecycle.session_stop(session=session, state=SessionState.KILLED, actor=request.user,
+                               reason=f"killed by {request.user.get_username()}", wait=False)
         messages.success(request, "The session was killed; its runner is destroying the sandbox.")
-    except broker.BrokerError as exc:
+    except lifecycle.LifecycleError as exc:
         messages.error(request, exc.detail)
     return redirect("session", request.tenant.slug, session.pk)
 
@@ -62,7 +62,7 @@ def sessions_kill_bulk(request):
     if not conversation_id and not everything:
         messages.error(request, "Give a conversation id, or choose every active session of the tenant.")
         return redirect("sessions", request.tenant.slug)
-    killed = broker.sessions_kill_bulk(
+    killed = lifecycle.sessions_kill_bulk(
         tenant=request.tenant, conversation_id=None if everything else conversation_id, actor=request.user,
         reason=f"bulk kill by {request.user.get_username()}" + ("" if everything else f" of {conversation_id}"),
     )

@@ -2,11 +2,11 @@
 It reaches that session only, and only while it is active: ending, killing or expiring the
 session revokes it."""
 
-from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 
 from controlplane.api.auth import ApiPrincipal
+from sessions.lifecycle import PAST_TTL, not_live
 from sessions.models import TOKEN_PREFIX, Session
 from sessions.selectors import session_by_token, session_get
 
@@ -32,11 +32,12 @@ class SessionTokenAuthentication(BaseAuthentication):
         session = session_by_token(header[1].decode("latin-1"))
         if session is None:
             raise exceptions.AuthenticationFailed("the session token is not valid", code="invalid_token")
-        if not session.is_active:
-            raise exceptions.AuthenticationFailed(
-                f"the session token was revoked when the session became {session.state}", code="session_ended")
-        if session.expires_at <= timezone.now():  # even before a runner has marked it expired
+        why = not_live(session.state, session.expires_at, creating=True)
+        if why == PAST_TTL:
             raise exceptions.AuthenticationFailed("the session's time to live ran out", code="session_ended")
+        if why is not None:
+            raise exceptions.AuthenticationFailed(
+                f"the session token was revoked when the session became {why}", code="session_ended")
         return SessionPrincipal(session), f"session:{session.pk}"
 
     def authenticate_header(self, request) -> str:

@@ -77,3 +77,21 @@ class CommandSerializer(serializers.ModelSerializer):
 
     def get_decision(self, command: CommandRun) -> dict:
         return record_payload(command.decision)
+
+
+def command_body(command: CommandRun) -> dict:
+    """What CommandSerializer makes of a command (the schema names its fields), built without
+    the serializer's per-call field introspection: this answers every command of every agent."""
+    return {"id": str(command.pk), "session": str(command.session_id), "state": command.state, "argv": command.argv,
+            "cwd": command.cwd, "timeout_s": command.timeout_s, "exit_code": command.exit_code,
+            "reason": command.reason, "output": command.output, "truncated": command.truncated,
+            "output_bytes": command.output_bytes, "duration_ms": command.duration_ms,
+            "created_at": _when(command.created_at), "started_at": _when(command.started_at),
+            "ended_at": _when(command.ended_at), "decision": record_payload(command.decision)}
+
+
+def _when(moment) -> str | None:
+    return _DATETIME.to_representation(moment) if moment is not None else None
+
+
+_DATETIME = serializers.DateTimeField()

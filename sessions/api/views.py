@@ -18,7 +18,7 @@ from rest_framework.response import Response
 
 from controlplane.api.auth import ApiKeyAuthentication, ApiPrincipal
 from controlplane.audit import actor_label
-from sessions import broker
+from sessions import broker, lifecycle
 from sessions.api import serializers as s
 from sessions.api.auth import SessionTokenAuthentication, session_for
 from sessions.models import SessionState
@@ -27,7 +27,8 @@ from sessions.selectors import command_get, command_list
 AUTH = [SessionTokenAuthentication, ApiKeyAuthentication]
 # Views that wait for a runner (a command with `wait`, a sandbox being created or destroyed) run
 # on these threads, not on the one thread Django gives all synchronous views under ASGI: one
-# agent waiting for its command must not hold up every other request of the server.
+# agent waiting for its command must not hold up every other request of the server (asgiref's
+# public `executor=`; why Django's default is one thread: django/asgiref#218).
 _waiting_pool = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api")
 
 
@@ -45,7 +46,7 @@ def waits_for_runner(view):
     return functools.update_wrapper(wrapper, view)
 
 
-def _broker_error(exc: broker.BrokerError) -> Response:
+def _refused(exc: lifecycle.LifecycleError) -> Response:
     body = {"error": exc.code, "detail": exc.detail}
     if exc.decision is not None:
         body["decision"] = exc.decision
@@ -86,11 +87,11 @@ def session_create(request):
     serializer.is_valid(raise_exception=True)
     data = serializer.validated_data
     try:
-        created = broker.session_open(tenant=request.user.tenant, conversation_id=data["conversation_id"],
+        created = lifecycle.session_open(tenant=request.user.tenant, conversation_id=data["conversation_id"],
                                       policy_name=data["policy"], repository=data.get("workspace", {}).get("repo", ""),
                                       actor_label=actor_label(request.auth))
-    except broker.BrokerError as exc:
-        return _broker_error(exc)
+    except lifecycle.LifecycleError as exc:
+        return _refused(exc)
     body = s.SessionSerializer(created.session).data
     body["token"] = created.token
     return Response(body, status=status.HTTP_201_CREATED)
@@ -119,9 +120,9 @@ def session_kill(request, session_id):
 
 def _stop(request, session, state: str, reason: str) -> Response:
     try:
-        session = broker.session_stop(session=session, state=state, actor=_actor(request), reason=reason)
-    except broker.BrokerError as exc:
-        return _broker_error(exc)
+        session = lifecycle.session_stop(session=session, state=state, actor=_actor(request), reason=reason)
+    except lifecycle.LifecycleError as exc:
+        return _refused(exc)
     return Response(s.SessionSerializer(session).data)
 
 
@@ -135,18 +136,18 @@ def _stop(request, session, state: str, reason: str) -> Response:
 def commands(request, session_id):
     session = session_for(request, session_id)
     if request.method == "GET":
-        return Response(s.CommandSerializer(command_list(session), many=True).data)
+        return Response([s.command_body(command) for command in command_list(session)])
     serializer = s.CommandCreateSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
     wait = serializer.validated_data["wait"]
     try:
         command = broker.command_propose(session=session, request=serializer.request_for_policy(), wait=wait)
     except broker.BrokerError as exc:
-        return _broker_error(exc)
+        return _refused(exc)
     if not command.finished and wait:  # the wait ran out, or the session ended meanwhile: as stored now
         command = command_get(session, command.pk)
     code = status.HTTP_200_OK if command.finished else status.HTTP_202_ACCEPTED
-    return Response(s.CommandSerializer(command).data, status=code)
+    return Response(s.command_body(command), status=code)
 
 
 @extend_schema(responses=s.CommandSerializer)
@@ -155,7 +156,7 @@ def commands(request, session_id):
 @permission_classes([IsAuthenticated])
 def command_detail(request, session_id, command_id):
     session = session_for(request, session_id)
-    return Response(s.CommandSerializer(command_get(session, command_id)).data)
+    return Response(s.command_body(command_get(session, command_id)))
 
 
 @waits_for_runner
@@ -173,7 +174,7 @@ def session_file(request, session_id, path: str):
             return Response(status=status.HTTP_204_NO_CONTENT)
         data = broker.file_operation(session=session, op="get", path=path)
     except broker.BrokerError as exc:
-        return _broker_error(exc)
+        return _refused(exc)
     response = HttpResponse(data, content_type="application/octet-stream")
     response["Content-Disposition"] = "attachment"
     return response

@@ -1,15 +1,13 @@
-"""The runner's event loop side: it receives work (directly from its own server, or over the
-channel layer), keeps one worker per session that runs that session's jobs in order, and
-publishes output as it comes.
+"""The runner's event loop side: it takes messages from its channel on the channel layer (the
+one way the server reaches it, in this process or another), keeps one worker per session that
+runs that session's jobs in order (create, commands, files, release), and hands live events to
+its outbox (outbox.py); its upkeep is in housekeeping.py, its database side in records.py.
 
 Blocking work (sandbox creation, a command's exec, the database) runs in threads; the loop
 only moves messages, so a runner embedded in the server never blocks the server's requests.
-Invariants: one job at a time per session (a sandbox runs one command at a time); every event
-of a session carries the next sequence number, so a subscriber that missed some knows it; the
-outbox is bounded, and output that does not fit is dropped (the stored tail still has it)."""
+Invariant: one job at a time per session (a sandbox runs one command at a time)."""
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -28,19 +26,16 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
 
 from controlplane.redaction import configured_secrets
-from sessions.models import SessionState, runner_channel, session_group, tenant_group
+from sessions.models import SessionState, runner_channel
 from sessions.output import CommandOutput
-from sessions.runner import records
-from sessions.runner.egress import SessionEgress, egress_root, orphan_directories, remove_directory
+from sessions.runner import housekeeping, local_runner, records, set_local_runner
+from sessions.runner.egress import SessionEgress
+from sessions.runner.outbox import Outbox
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import Chunk, Driver, ExitStatus, RuntimeUnavailable, Sandbox, SandboxError, Stats
-from sessions.runtimes.reaper import reap_orphans
 from sessions.workspace import WRITE_DEADLINE_S, WorkspaceError, checkout, file_get, file_put
 
 log = logging.getLogger("airlock.runner")
-MERGE_CHARS = 64 * 1024  # consecutive output of one stream is sent as one event up to this size
-REAPED_DRIVERS = {"bubblewrap", "docker", "gvisor"}
-OUTBOX_CHARS = 8 * 2**20  # past this much unsent output, new output is dropped (subscribers see `lagged`)
 
 
 def _answer_queued(live: "LiveSession") -> None:
@@ -106,7 +101,9 @@ class LiveSession:
     egress: SessionEgress | None = None  # its proxy, when its policy allows egress
 
 
-class Runner:
+class RunnerService:
+    """The live runner of this process (its row, the world's view of it, is models.Runner)."""
+
     def __init__(self, *, embedded: bool):
         host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())[:40]
         self.id = f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -121,29 +118,28 @@ class Runner:
         self.db_executor = ThreadPoolExecutor(4, thread_name_prefix="airlock-runner-db")
         self.stats_executor = ThreadPoolExecutor(2, thread_name_prefix="airlock-runner-stats")
         self.secrets = configured_secrets()
-        self._outbox: collections.deque = collections.deque()
-        self._outbox_chars = 0
-        self._outbox_ready = asyncio.Event()
+        self.outbox = Outbox(self.layer, self.live.get)
         self._tasks: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
-        self._last_reap = 0.0
+        self.last_reap = 0.0
 
     # -- life ------------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         _raise_descriptor_limit()
-        await self._register()
+        await self.register()
         await self.db(records.runners_declare_dead, local_pids_gone=True, exclude=self.id)
-        await self.reap()
-        self._tasks = [asyncio.create_task(coro) for coro in (self._listen(), self._beat(), self._housekeep(),
-                                                              self._publish())]
+        await housekeeping.reap(self)
+        self._tasks = [asyncio.create_task(coro) for coro in (
+            self._listen(), housekeeping.beat_forever(self), housekeeping.housekeep_forever(self),
+            self.outbox.send_forever())]
         log.info("runner %s started (%s)", self.id, "embedded" if self.embedded else "separate")
         if settings.AIRLOCK_EGRESS_TEST_HOSTS:
             log.warning("AIRLOCK_EGRESS_TEST_HOSTS is set: sandboxes reach %s on loopback, past egress's deny set. "
                         "It is for tests and benchmarks only; never set it in production",
                         ", ".join(sorted(settings.AIRLOCK_EGRESS_TEST_HOSTS)))
 
-    async def _register(self) -> None:
+    async def register(self) -> None:
         await self.db(records.runner_register, runner_id=self.id, embedded=self.embedded, drivers=sorted(self.drivers))
 
     async def stop(self, reason: str = "runner stopped") -> None:
@@ -171,7 +167,7 @@ class Runner:
                 log.exception("runner %s could not receive; retrying in 1 s", self.id)
                 await asyncio.sleep(1)
                 continue
-            self._spawn(self._dispatch(message))
+            self.spawn(self._dispatch(message))
 
     async def _dispatch(self, message: dict) -> None:
         result = await self.handle(message)
@@ -307,8 +303,8 @@ class Runner:
         started = asyncio.ensure_future(self.db(records.command_start, command_id=command_id))
         output = CommandOutput(tail_chars=plan.tail_chars, secrets=self.secrets)
         live.command_id, live.output, live.running_label = command_id, output, plan.label
-        self.emit(live, {"event": "command.started", "command": command_id, "argv": plan.stored_argv})
-        self._summary(live)
+        self.outbox.emit(live, {"event": "command.started", "command": command_id, "argv": plan.stored_argv})
+        self.outbox.summary(live)
         try:
             status = await self.blocking(self._exec, live, command_id, plan, output)
         except Exception as exc:  # a driver failure ends the command `failed`, never `running` forever
@@ -316,22 +312,24 @@ class Runner:
             status = None
         status = status or ExitStatus(exit_code=None, reason="failed", duration_ms=0)
         for stream, text in output.flush():
-            self._emit_output(live, command_id, stream, text)
+            self.outbox.output(live, command_id, stream, text)
         result = None
         started_at = await started
         if live.egress is not None:  # whoever reads the command finds the decisions its connections made
             await live.egress.flush()
         if started_at is not None:  # else it was cancelled meanwhile (its session ended): that state stays
-            written = await self.db(records.command_finish, command_id=command_id, status=status, output=output)
+            written = await self.db(records.command_finish, session_id=live.id, command_id=command_id,
+                                    status=status, output=output)
             # Plain values only: the reply may cross the channel layer (msgpack).
             result = {**written, "state": str(written["state"]), "started_at": started_at.isoformat(),
                       "ended_at": written["ended_at"].isoformat()}
-        self._spawn(self.db(records.session_touch, session_id=live.id))
-        self.emit(live, {"event": "command.exited", "command": command_id, "exit_code": status.exit_code,
+        else:
+            self.spawn(self.db(records.session_touch, session_id=live.id))
+        self.outbox.emit(live, {"event": "command.exited", "command": command_id, "exit_code": status.exit_code,
                          "reason": status.reason, "duration_ms": status.duration_ms,
                          "truncated": output.tail.truncated})
         live.command_id, live.output, live.running_label = None, None, ""
-        self._summary(live)
+        self.outbox.summary(live)
         return {"ok": True, "command": result}
 
     def _exec(self, live: LiveSession, command_id: str, plan: records.CommandPlan,
@@ -342,24 +340,10 @@ class Runner:
             if isinstance(item, Chunk):
                 text = output.feed(item.stream, item.data)  # redacted here; kept in the tail on the loop
                 if text:
-                    self.loop.call_soon_threadsafe(self._emit_output, live, command_id, item.stream, text)
+                    self.loop.call_soon_threadsafe(self.outbox.output, live, command_id, item.stream, text)
             elif isinstance(item, ExitStatus):
                 status = item
         return status
-
-    async def _record_stats(self, live: LiveSession) -> None:
-        if live.sandbox is None or live.stats_pending:
-            return  # a previous call still runs (a slow daemon): do not pile up more
-        live.stats_pending = True
-        call = self.loop.run_in_executor(self.stats_executor, live.driver.stats, live.sandbox)
-        call.add_done_callback(lambda _: setattr(live, "stats_pending", False))  # when the thread is free
-        try:
-            stats = await asyncio.wait_for(asyncio.shield(call), timeout=5)
-        except Exception:  # figures are best effort; the sandbox may be going away, or slow to answer
-            return
-        await self.db(records.session_stats, session_id=live.id, stats=stats)
-        live.stats = stats
-        self._summary(live)
 
     async def release(self, session_id: str) -> None:
         """Stop everything a session runs and destroy its sandbox (its row has already ended).
@@ -405,120 +389,25 @@ class Runner:
         if live.sandbox.id in live.driver.list_sandboxes():  # checked gone, not assumed
             raise SandboxError(f"sandbox {live.sandbox.id} is still present after destroy")
 
-    # -- events ----------------------------------------------------------------------------
-    def _emit_output(self, live: LiveSession, command_id: str, stream: str, text: str) -> None:
-        if live.output is not None:
-            live.output.keep(text)  # the stored tail has it even when the stream drops it
-        if self._outbox_chars + len(text) > OUTBOX_CHARS:
-            live.seq += 1  # dropped: the gap in sequence numbers tells subscribers they lagged
-            return
-        self.emit(live, {"event": "command.output", "command": command_id, "stream": stream, "data": text})
-
-    def emit(self, live: LiveSession, event: dict) -> None:
-        live.seq += 1
-        event = {**event, "session": live.id, "seq": live.seq, "seq_from": live.seq}
-        self._outbox.append((session_group(live.id), event))
-        self._outbox_chars += len(event.get("data", ""))
-        self._outbox_ready.set()
-
-    def _summary(self, live: LiveSession) -> None:
-        stats = live.stats or Stats(cpu_s=None, memory_bytes=None, disk_bytes=None)
-        self._outbox.append((tenant_group(live.tenant_id), {
-            "event": "session.activity", "session": live.id, "running": live.running_label,
-            "cpu_s": stats.cpu_s, "memory_bytes": stats.memory_bytes}))
-        self._outbox_ready.set()
-
-    async def _publish(self) -> None:
-        """The one sender: events leave in order; consecutive output of one stream is merged."""
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready.clear()
-            while self._outbox:
-                group, event = self._outbox.popleft()
-                self._outbox_chars -= len(event.get("data", ""))
-                while event["event"] == "command.output" and self._outbox and len(event["data"]) < MERGE_CHARS:
-                    next_group, following = self._outbox[0]
-                    live = self.live.get(event["session"])
-                    if (next_group != group or following["event"] != "command.output"
-                            or following["command"] != event["command"] or following["stream"] != event["stream"]
-                            or following["seq"] != event["seq"] + 1
-                            or (live is not None and event["seq"] in live.snapshot_seqs)):
-                        break
-                    self._outbox.popleft()
-                    self._outbox_chars -= len(following["data"])
-                    event = {**event, "data": event["data"] + following["data"], "seq": following["seq"]}
-                live = self.live.get(event.get("session", ""))
-                if live is not None and live.snapshot_seqs and "seq" in event:
-                    live.snapshot_seqs = {seq for seq in live.snapshot_seqs if seq > event["seq"]}
-                try:
-                    await self.layer.group_send(group, {"type": "airlock.event", "event": event})
-                except Exception:
-                    log.exception("could not publish an event to %s", group)
-
-    # -- housekeeping ----------------------------------------------------------------------
-    def _spawn(self, awaitable) -> asyncio.Future:
+    def spawn(self, awaitable) -> asyncio.Future:
         task = asyncio.ensure_future(awaitable)
         self._inflight.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._inflight.discard)
         return task
 
-    async def _beat(self) -> None:
-        """The heartbeat, alone in its task: nothing slow can delay it past the dead-after limit."""
-        while True:
-            await asyncio.sleep(settings.AIRLOCK_RUNNER_HEARTBEAT_S)
-            try:
-                alive = await self.db(records.runner_heartbeat, runner_id=self.id)
-            except Exception:
-                log.exception("runner %s could not beat", self.id)
-                continue
-            if not alive:  # declared dead meanwhile (paused too long): its sessions have failed
-                log.error("runner %s was declared dead; releasing its sessions", self.id)
-                for session_id in list(self.live):
-                    self._spawn(self.release(session_id))
-                await self._register()
 
-    async def _housekeep(self) -> None:
-        while True:
-            await asyncio.sleep(settings.AIRLOCK_RUNNER_HEARTBEAT_S)
-            try:
-                await self.housekeep_once()
-            except Exception:
-                log.exception("runner %s housekeeping failed", self.id)
+_starting: asyncio.Lock | None = None
 
-    async def housekeep_once(self) -> None:
-        """Expire this runner's sessions past their TTL or idle; release those another process
-        ended; record CPU, memory and disk figures; declare runners that stopped beating dead
-        (their sessions fail); reap orphans now and then. Releases run in their own tasks."""
-        busy = {live.id for live in self.live.values() if live.command_id is not None or not live.jobs.empty()}
-        ended = await self.db(records.sessions_expire, runner_id=self.id, busy=busy)
-        ended += await self.db(records.inactive_among, session_ids=list(self.live))
-        releases = [self._spawn(self.release(session_id)) for session_id in set(ended)]
-        await asyncio.gather(*(self._record_stats(live) for live in list(self.live.values())))
-        dead = await self.db(records.runners_declare_dead, local_pids_gone=False, exclude=self.id)
-        if dead or time.monotonic() - self._last_reap > settings.AIRLOCK_RUNNER_REAP_INTERVAL_S:
-            await self.reap()
-        if releases:
-            await asyncio.wait(releases)
 
-    async def reap(self) -> list[str]:
-        """Destroy this host's sandboxes whose session has ended, for every driver this host can
-        reach (a driver it cannot reach has no sandboxes here to reap). What this runner is
-        still releasing is not an orphan."""
-        self._last_reap = time.monotonic()
-        reaped = []
-        for name in sorted(self.drivers | REAPED_DRIVERS):
-            driver = get_driver(name)
-            try:
-                present = await self.blocking(driver.list_sandboxes)
-            except RuntimeUnavailable:
-                continue
-            orphans = await self.db(records.orphans, present=present) - set(self.live)
-            if orphans:
-                reaped += await self.blocking(reap_orphans, driver, lambda _present, orphans=orphans: orphans)
-        # Egress directories left by a runner that died (their proxies died with it).
-        leftover = orphan_directories(set(self.live))
-        for session_id in await self.db(records.orphans, present=leftover) if leftover else ():
-            await self.blocking(remove_directory, egress_root() / session_id)
-        if reaped:
-            await self.db(records.runner_reaped, runner_id=self.id, count=len(reaped))
-        return reaped
+async def ensure_embedded_runner() -> None:
+    """Start the server's own runner on the running loop once (the server's first request)."""
+    global _starting
+    if local_runner() is not None or not settings.AIRLOCK_EMBEDDED_RUNNER:
+        return
+    if _starting is None:
+        _starting = asyncio.Lock()
+    async with _starting:
+        if local_runner() is None:
+            runner = RunnerService(embedded=True)
+            await runner.start()
+            set_local_runner(runner)

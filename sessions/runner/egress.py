@@ -177,7 +177,7 @@ class SessionEgress:
         if self._writing is None or self._writing.done():
             self._writing = asyncio.ensure_future(self._write())
         secrets = self.runner.secrets  # the stored copy is redacted as it is written; the live one here
-        self.runner.emit(self.live, {
+        self.runner.outbox.emit(self.live, {
             "event": "decision", "request": redact_data({"host": host, "port": port}, secrets),
             "decision": {**stored, "message": redact(stored["message"], secrets),
                          "hint": redact(stored["hint"], secrets)},

@@ -15,13 +15,13 @@ from policies_app import decisions
 from policies_app.decisions import Evaluation
 from policies_app.document import PolicyDocument
 from policies_app.models import Policy, PolicyException, PolicyVersion
-from sessions import services
+from sessions import lifecycle, services
 from sessions.models import ACTIVE_STATES, Runner, Session, SessionState
 from sessions.output import CommandOutput
 from sessions.runtimes.base import ExitStatus, Limits, SandboxSpec, Stats
 
-session_ready = services.session_ready
-session_finish = services.session_finish
+session_ready = lifecycle.session_ready
+session_finish = lifecycle.session_finish
 session_touch = services.session_touch
 command_fail_queued = services.command_fail_queued
 
@@ -165,10 +165,11 @@ def command_plan(message: dict) -> CommandPlan:
 command_start = services.command_start
 
 
-def command_finish(*, command_id, status: ExitStatus, output: CommandOutput) -> dict:
+def command_finish(*, session_id, command_id, status: ExitStatus, output: CommandOutput) -> dict:
     return services.command_finish(
-        command_id=command_id, exit_code=status.exit_code, reason=status.reason, output=output.tail.text,
-        truncated=output.tail.truncated, output_bytes=status.output_bytes, duration_ms=status.duration_ms,
+        session_id=session_id, command_id=command_id, exit_code=status.exit_code, reason=status.reason,
+        output=output.tail.text, truncated=output.tail.truncated, output_bytes=status.output_bytes,
+        duration_ms=status.duration_ms,
     )
 
 

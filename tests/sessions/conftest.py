@@ -15,7 +15,7 @@ import pytest_asyncio
 from controlplane.models import ApiKeyScope
 from policies_app import services as policy_services
 from sessions.runner import set_local_runner
-from sessions.runner.core import Runner
+from sessions.runner.core import RunnerService
 from sessions.runtimes import get_driver, rootfs
 from sessions.runtimes.base import RuntimeUnavailable
 
@@ -57,7 +57,7 @@ def running_runner():
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="test-runner-loop", daemon=True)
     thread.start()
-    instance = Runner(embedded=True)
+    instance = RunnerService(embedded=True)
     try:
         asyncio.run_coroutine_threadsafe(instance.start(), loop).result(60)
         set_local_runner(instance)
@@ -103,7 +103,7 @@ def agent(acme, acme_policy, make_key, api, runner):
 async def loop_runner(transactional_db, sandboxes):
     """The runner on the test's own event loop, where WebSocket communicators run too (the
     in-memory channel layer serves one loop, as in the server)."""
-    instance = Runner(embedded=True)
+    instance = RunnerService(embedded=True)
     await instance.start()
     set_local_runner(instance)
     yield instance

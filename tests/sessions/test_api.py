@@ -1,5 +1,6 @@
 """The agent-facing session API on real bubblewrap sandboxes (docs/architecture.md, "API")."""
 
+import json
 import os
 import time
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 from controlplane.models import ApiKeyScope, AuditEvent
 from policies_app.models import DecisionRecord, PolicyVersion
 from sessions import services
+from sessions.api.serializers import CommandSerializer
 from sessions.models import CommandRun, Session
 from sessions.runtimes import get_driver
 from tests.sessions.conftest import POLICY, publish, run_on
@@ -44,6 +46,17 @@ def test_a_command_runs_in_the_sandbox_and_returns_its_result_when_waited_for(ag
     assert body["output"] == "a-b"
     assert body["decision"]["allowed"] is True and body["decision"]["rule_id"] == "printf"
     assert set(body["decision"]) == DECISION_FIELDS
+
+
+def test_a_command_reads_the_same_in_the_schema_s_serializer_as_in_the_answer(agent):
+    """The API answers with a plain dict built for speed; the schema describes CommandSerializer.
+    They must not drift apart: the same stored command, both ways."""
+    session = agent.open()
+    answered = agent.run(session, "printf", "x").json()
+    listed = agent.as_session(session).get(f"/api/v1/sessions/{session['id']}/commands").json()
+    described = CommandSerializer(CommandRun.objects.select_related("decision__policy_version__policy")
+                                  .get(pk=answered["id"])).data
+    assert answered == listed[-1] == json.loads(json.dumps(described))
 
 
 def test_a_command_without_wait_is_accepted_then_readable(agent):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from websockets.sync.client import connect
 
-from sessions.broker import RELEASE_TIMEOUT_S
+from sessions.lifecycle import RELEASE_TIMEOUT_S
 from sessions.runtimes.bubblewrap import BubblewrapDriver
 from tests.browser.conftest import _free_port, _wait_until_listening
 from tests.http import call_api

@@ -357,7 +357,7 @@ def test_runners_beat_every_heartbeat_s_and_one_silent_for_dead_after_s_is_decla
 
     async def sleep(delay, *args, **kwargs):
         task = asyncio.current_task()
-        if task is not None and task.get_coro().__qualname__ == "Runner._beat":
+        if task is not None and task.get_coro().__qualname__ == "beat_forever":
             waits.append(delay)
         return await real_sleep(delay, *args, **kwargs)
 

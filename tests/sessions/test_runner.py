@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from controlplane.models import ApiKeyScope
 from sessions.models import Runner, Session
+from sessions.runner import housekeeping
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import SandboxSpec
 from tests.sessions.conftest import Agent, run_on, running_runner
@@ -22,7 +23,7 @@ def sandbox_present(session_id: str) -> bool:
 def test_a_session_past_its_ttl_expires_and_its_token_is_revoked(agent, runner):
     session = agent.open()
     Session.objects.filter(pk=session["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
-    run_on(runner, runner.housekeep_once())
+    run_on(runner, housekeeping.housekeep_once(runner))
     expired = Session.objects.get(pk=session["id"])
     assert expired.state == "expired" and "time to live" in expired.state_reason
     assert not sandbox_present(session["id"])
@@ -35,7 +36,7 @@ def test_an_idle_session_expires_but_a_busy_one_does_not(agent, runner, settings
     assert agent.run(busy, "sleep", "5", wait=False).status_code == 202
     long_ago = timezone.now() - timedelta(seconds=60)
     Session.objects.filter(pk__in=[idle["id"], busy["id"]]).update(last_activity_at=long_ago)
-    run_on(runner, runner.housekeep_once())
+    run_on(runner, housekeeping.housekeep_once(runner))
     assert Session.objects.get(pk=idle["id"]).state == "expired"
     assert Session.objects.get(pk=busy["id"]).state == "ready"
 
@@ -55,7 +56,7 @@ def _ghost_session(acme_policy) -> Session:
 def test_a_dead_runners_sessions_fail_and_their_sandboxes_are_reaped(acme_policy, runner):
     session = _ghost_session(acme_policy)
     assert sandbox_present(str(session.pk))
-    run_on(runner, runner.housekeep_once())
+    run_on(runner, housekeeping.housekeep_once(runner))
     session.refresh_from_db()
     assert session.state == "failed" and "stopped answering" in session.state_reason
     assert not sandbox_present(str(session.pk))

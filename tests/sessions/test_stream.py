@@ -10,7 +10,7 @@ from django.test import Client
 from controlplane.asgi import application
 from controlplane.roles import Role
 from sessions.models import CommandRun
-from sessions.runner import core
+from sessions.runner import outbox
 
 ORIGIN = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
 COUNT = b"import sys, time\nfor i in range(5):\n    print(i, flush=True)\n    time.sleep(0.05)\n" \
@@ -140,7 +140,7 @@ async def test_outsiders_are_closed_with_4403(async_agent, globex, make_member, 
 
 
 async def test_output_that_cannot_be_delivered_becomes_a_lagged_marker(async_agent, monkeypatch):
-    monkeypatch.setattr(core, "OUTBOX_CHARS", 1)  # every piece of output overflows the outbox
+    monkeypatch.setattr(outbox, "OUTBOX_CHARS", 1)  # every piece of output overflows the outbox
     session = await sync_to_async(async_agent.open)()
     socket = communicator(session, token=session["token"])
     assert (await socket.connect())[0]

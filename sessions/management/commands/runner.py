@@ -18,9 +18,9 @@ class Command(BaseCommand):
 
     async def _run(self) -> None:
         from sessions.runner import set_local_runner
-        from sessions.runner.core import Runner
+        from sessions.runner.core import RunnerService
 
-        runner = Runner(embedded=False)
+        runner = RunnerService(embedded=False)
         await runner.start()
         set_local_runner(runner)
         self.stdout.write(f"runner {runner.id} started; drivers: {', '.join(sorted(runner.drivers))}")

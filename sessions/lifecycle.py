@@ -1,0 +1,198 @@
+"""A session's life, in one place (docs/architecture.md, "Sessions").
+
+    creating ──ready──▶ ready ──end────▶ ended
+       │                  ├────kill───▶ killed
+       │                  ├────expire─▶ expired
+       └──────fail────────┴────fail───▶ failed
+
+A state only moves forward, each move is one conditional UPDATE (`_move`), so two actors racing
+(a kill and the time to live, a runner and the API) cannot both win; every move publishes, once
+its transaction commits, `session.state` to the session's subscribers and `session.updated` to
+the tenant's live list. Who moves a session:
+
+- **open** (`creating`): an API key with the `sessions` scope (`session_open`), which places it
+  on the least busy live runner and asks that runner for the sandbox;
+- **ready**: its runner, once the sandbox and workspace exist (`session_ready`);
+- **ended**: its token or its tenant's key (`DELETE`), through `session_stop`;
+- **killed**: an operator or the API, one session or a conversation's (`session_stop`,
+  `sessions_kill_bulk`); audited;
+- **expired**: its runner's housekeeping, past the time to live or idle (`session_finish`);
+- **failed**: its runner (the sandbox could not start, the runner stopped), the opener (the
+  runner did not answer), another runner (its own runner stopped beating).
+
+An ended session's queued and running commands end with it, and its runner is told to destroy
+the sandbox; if that message is lost, the runner's housekeeping (or, for a dead runner, another
+runner's reaper) destroys it. A session takes work (commands, files) only while `ready` and
+within its time to live (`not_live`)."""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.audit import audit_record
+from controlplane.models import Tenant
+from policies_app.models import Policy, PolicyVersion
+from sessions import services
+from sessions.events import session_changed_on_commit
+from sessions.models import ACTIVE_STATES, CommandState, Runner, Session, SessionState, hash_token, new_token
+from sessions.runner.client import NoRunner, runner_call, runner_pick, runner_send
+from sessions.workspace import allowed_repositories
+
+CREATE_TIMEOUT_S = 120  # a gVisor sandbox with a large checkout can take seconds
+RELEASE_TIMEOUT_S = 60
+PAST_TTL = "past its time to live"
+FROM = {SessionState.READY: (SessionState.CREATING,), SessionState.ENDED: ACTIVE_STATES,
+        SessionState.KILLED: ACTIVE_STATES, SessionState.EXPIRED: ACTIVE_STATES, SessionState.FAILED: ACTIVE_STATES}
+
+
+class LifecycleError(Exception):
+    """Refused or failed, with an API error code, a message, and the HTTP status it maps to."""
+
+    decision: dict | None = None
+
+    def __init__(self, code: str, detail: str, status: int):
+        super().__init__(detail)
+        self.code, self.detail, self.status = code, detail, status
+
+
+def not_live(state: str, expires_at, *, creating: bool = False) -> str | None:
+    """None while a session takes work (`ready`, or also `creating` for its token, and within
+    its time to live); otherwise why not: its state, or PAST_TTL."""
+    if state != SessionState.READY and not (creating and state == SessionState.CREATING):
+        return state
+    if expires_at <= timezone.now():  # even before its runner has marked it expired
+        return PAST_TTL
+    return None
+
+
+def _move(session_id, to: str, reason: str = "") -> bool:
+    """Move one session to `to` from a state that may reach it; True when this call moved it."""
+    now = timezone.now()
+    changes = {"state": to, "state_reason": reason[:500], "ready_at" if to == SessionState.READY else "ended_at": now}
+    return bool(Session.objects.filter(pk=session_id, state__in=FROM[to]).update(**changes))
+
+
+def _published(session_id) -> None:
+    session_changed_on_commit(Session.objects.select_related("policy_version__policy").get(pk=session_id))
+
+
+# -- open ------------------------------------------------------------------------------------
+
+@dataclass
+class Opened:
+    session: Session
+    token: str  # shown once
+
+
+def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repository: str,
+                 actor_label: str) -> Opened:
+    """A session of the policy's published version, on a live runner, with its sandbox ready."""
+    policy = Policy.objects.filter(tenant=tenant, name=policy_name).first()
+    version = policy.published_version() if policy else None
+    if version is None:
+        raise LifecycleError("policy_not_published", f"policy {policy_name!r} has no published version; a security "
+                             "admin can publish one", 409)
+    if repository and repository not in allowed_repositories(tenant.slug):
+        raise LifecycleError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)
+    try:
+        runner = runner_pick()
+    except NoRunner as exc:
+        raise LifecycleError("no_runner", str(exc), 503) from None
+    session, token = _create(tenant=tenant, conversation_id=conversation_id, version=version, runner=runner,
+                             created_by=actor_label, repository=repository)
+    reply = runner_call(runner.pk, {"type": "session.create", "session": str(session.pk), "tenant": tenant.pk},
+                        timeout_s=CREATE_TIMEOUT_S)
+    if not reply.get("ok"):
+        session_finish(session_id=session.pk, state=SessionState.FAILED, reason=reply.get("detail", ""))
+        chosen_by = (f"policy `{policy.name}` v{version.number} names it in runtime" if services.driver_of(version)[1]
+                     else "the deployment's default, AIRLOCK_RUNTIME")
+        raise LifecycleError("sandbox_unavailable", f"the sandbox could not start on the {session.driver} driver "
+                             f"({chosen_by}): {reply.get('detail')}", 503)
+    session.refresh_from_db()
+    return Opened(session=session, token=token)
+
+
+@transaction.atomic
+def _create(*, tenant: Tenant, conversation_id: str, version: PolicyVersion, runner: Runner, created_by: str,
+            repository: str) -> tuple[Session, str]:
+    token = new_token()
+    now = timezone.now()
+    session = Session.objects.create(
+        tenant=tenant, conversation_id=conversation_id, policy_version=version, driver=services.driver_of(version)[0],
+        runner=runner, token_hash=hash_token(token), workspace_source=repository, created_by=created_by[:100],
+        created_at=now, last_activity_at=now,
+        expires_at=now + timedelta(seconds=version.document["limits"]["session_ttl_s"]),
+    )
+    session_changed_on_commit(session)
+    return session, token
+
+
+# -- the runner's moves ----------------------------------------------------------------------
+
+@transaction.atomic
+def session_ready(*, session_id, rootfs_digest: str, prepare_ms: int | None = None,
+                  cache_hit: bool | None = None) -> bool:
+    """`prepare_ms`: the runner's time to make the sandbox and its workspace; `cache_hit`: the
+    root filesystem was already in the local cache."""
+    Session.objects.filter(pk=session_id).update(rootfs_digest=rootfs_digest, prepare_ms=prepare_ms,
+                                                 cache_hit=cache_hit)
+    moved = _move(session_id, SessionState.READY)
+    if moved:
+        _published(session_id)
+    return moved
+
+
+@transaction.atomic
+def session_finish(*, session_id, state: str, reason: str) -> bool:
+    """End an active session in `state` (ended, killed, expired, failed), with its queued and
+    running commands. True when this call ended it; False when it had already ended. The caller
+    tells the runner (session_stop does)."""
+    moved = _move(session_id, state, reason)
+    if moved:
+        services.commands_abandon(session_id=session_id, state=CommandState.KILLED if state == SessionState.KILLED
+                                  else CommandState.FAILED, reason=f"session {state}")
+        _published(session_id)
+    return moved
+
+
+# -- end and kill ----------------------------------------------------------------------------
+
+def session_stop(*, session: Session, state: str, actor, reason: str, wait: bool = True) -> Session:
+    """End (`ended`) or kill (`killed`, audited) a session and have its runner destroy the
+    sandbox; `wait` for it (the API), or only tell it (the dashboard's one request thread)."""
+    if not _end(session, state, actor, reason):
+        session.refresh_from_db()
+        raise LifecycleError("session_not_active", f"the session is already {session.state}", 409)
+    if session.runner_id:
+        release = {"type": "session.release", "session": str(session.pk)}
+        if wait:  # if it does not answer, its housekeeping (or a live runner's reaper) destroys the sandbox
+            runner_call(session.runner_id, release, timeout_s=RELEASE_TIMEOUT_S)
+        else:
+            runner_send(session.runner_id, release)
+    session.refresh_from_db()
+    return session
+
+
+def sessions_kill_bulk(*, tenant: Tenant, conversation_id: str | None, actor, reason: str) -> int:
+    """Kill every active session of the tenant (or of one conversation); their runners are told."""
+    sessions = Session.objects.filter(tenant=tenant, state__in=ACTIVE_STATES)
+    if conversation_id is not None:
+        sessions = sessions.filter(conversation_id=conversation_id)
+    killed = 0
+    for session in sessions.select_related("tenant"):
+        if _end(session, SessionState.KILLED, actor, reason):
+            killed += 1
+            if session.runner_id:
+                runner_send(session.runner_id, {"type": "session.release", "session": str(session.pk)})
+    return killed
+
+
+@transaction.atomic
+def _end(session: Session, state: str, actor, reason: str) -> bool:
+    moved = session_finish(session_id=session.pk, state=state, reason=reason or state)
+    if moved and state == SessionState.KILLED:
+        audit_record(tenant=session.tenant, actor=actor, action="session.killed", target=session,
+                     data={"conversation_id": session.conversation_id, "reason": reason})
+    return moved
