@@ -29,8 +29,11 @@ def session_search(tenant: Tenant, *, conversation_id: str = "", state: str = ""
 
 
 def session_by_token(token: str) -> Session | None:
-    return (Session.objects.select_related("tenant", "policy_version__policy")
-            .filter(token_hash=hash_token(token)).first())
+    """The token's session (its hash is unique: no ordering to compile, on every request)."""
+    try:
+        return Session.objects.select_related("tenant", "policy_version__policy").get(token_hash=hash_token(token))
+    except Session.DoesNotExist:
+        return None
 
 
 def session_decisions(session: Session) -> QuerySet[DecisionRecord]:
