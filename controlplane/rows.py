@@ -12,6 +12,9 @@ def insert(records: list[Model]) -> None:
     if not records:
         return
     meta = records[0]._meta
+    if any(getattr(record, meta.pk.attname) is None for record in records):
+        raise ValueError(f"rows.insert needs each {meta.object_name}'s primary key set before the write "
+                         "(a default such as uuid4); the database would make it, and the instance not know it")
     fields = meta.concrete_fields
     table = connection.ops.quote_name(meta.db_table)
     columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)

@@ -3,7 +3,8 @@
     creating ──ready──▶ ready ──end────▶ ended
        │                  ├────kill───▶ killed
        │                  ├────expire─▶ expired
-       └──────fail────────┴────fail───▶ failed
+       │                  └────fail───▶ failed
+       └── end, kill, expire or fail, while its sandbox is still being made ──┘
 
 A state only moves forward, each move is one conditional UPDATE (`_move`), so two actors racing
 (a kill and the time to live, a runner and the API) cannot both win; every move publishes, once

@@ -38,7 +38,6 @@ class SessionQuerySet(models.QuerySet):
         return self.filter(state__in=ACTIVE_STATES)
 
 
-
 class Session(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="agent_sessions")

@@ -4,6 +4,7 @@ channel of its own (docs/architecture.md, "Runner")."""
 
 import asyncio
 import logging
+import time
 from datetime import timedelta
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -61,7 +62,10 @@ async def _call(runner_id: str, message: dict, timeout_s: float) -> dict:
     channel_layer = get_channel_layer()
     try:
         reply_to = await channel_layer.new_channel("airlock.reply.")
-        await channel_layer.send(runner_channel(runner_id), {**message, "reply_to": reply_to})
+        # The runner drops a reply past reply_by: a late one would wait for nobody (forever, in
+        # channels_redis's receive buffer).
+        await channel_layer.send(runner_channel(runner_id), {**message, "reply_to": reply_to,
+                                                            "reply_by": time.time() + timeout_s})
         reply = await asyncio.wait_for(channel_layer.receive(reply_to), timeout_s)
     except TimeoutError:
         return _timed_out(timeout_s)

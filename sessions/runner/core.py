@@ -1,7 +1,8 @@
 """The runner's event loop side: it takes messages from its channel on the channel layer (the
-one way the server reaches it, in this process or another), keeps one worker per session that
-runs that session's jobs in order (create, commands, files, release), and hands live events to
-its outbox (outbox.py); its upkeep is in housekeeping.py, its database side in records.py.
+one way the server reaches it, in this process or another), creates sandboxes, keeps one worker
+per session that runs that session's commands and file operations in order, releases sessions,
+and hands live events to its outbox (outbox.py); its upkeep is in housekeeping.py, its database
+side in records.py.
 
 Blocking work (sandbox creation, a command's exec, the database) runs in threads; the loop
 only moves messages, so a runner embedded in the server never blocks the server's requests.
@@ -26,6 +27,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
 
 from controlplane.redaction import configured_secrets
+from sessions import layer
 from sessions.models import SessionState, runner_channel
 from sessions.output import CommandOutput
 from sessions.runner import housekeeping, local_runner, records, set_local_runner
@@ -36,6 +38,7 @@ from sessions.runtimes.base import Chunk, Driver, ExitStatus, RuntimeUnavailable
 from sessions.workspace import WRITE_DEADLINE_S, WorkspaceError, checkout, file_get, file_put
 
 log = logging.getLogger("airlock.runner")
+REPLY_GRACE_S = 1  # for clocks of hosts that differ a little
 
 
 def _answer_queued(live: "LiveSession") -> None:
@@ -126,6 +129,7 @@ class RunnerService:
     # -- life ------------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        layer.serve_on(self.loop)  # start-up publishes too (sessions of dead runners fail)
         _raise_descriptor_limit()
         await self.register()
         await self.db(records.runners_declare_dead, local_pids_gone=True, exclude=self.id)
@@ -171,8 +175,13 @@ class RunnerService:
 
     async def _dispatch(self, message: dict) -> None:
         result = await self.handle(message)
-        if message.get("reply_to"):
-            await self.layer.send(message["reply_to"], {"type": message.get("reply_type", "runner.reply"), **result})
+        if not message.get("reply_to"):
+            return
+        if time.time() > message.get("reply_by", float("inf")) + REPLY_GRACE_S:
+            log.info("runner %s: a reply to %s came after its caller stopped waiting; dropped",
+                     self.id, message.get("type"))
+            return
+        await self.layer.send(message["reply_to"], {"type": message.get("reply_type", "runner.reply"), **result})
 
     async def handle(self, message: dict) -> dict:
         """Do what one message asks and return the reply: {ok: true, …} or {ok: false, error, detail}."""

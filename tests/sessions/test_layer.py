@@ -1,0 +1,70 @@
+"""The channel layer from synchronous code (sessions/layer.py), and replies nobody waits for."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from channels.layers import InMemoryChannelLayer
+
+from sessions import layer
+from sessions.runner.core import RunnerService
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    layer.serve_on(loop)
+    yield loop
+    layer.serve_on(None)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def received(loop, channel_layer, channel: str, timeout_s: float = 0.3):
+    async def receive():
+        try:
+            return await asyncio.wait_for(channel_layer.receive(channel), timeout_s)
+        except TimeoutError:
+            return None
+
+    return asyncio.run_coroutine_threadsafe(receive(), loop).result(5)
+
+
+def test_an_operation_the_loop_could_not_take_in_time_is_cancelled_and_never_happens_later(loop):
+    """A send reported as failed (the broker then marks the command failed) must not reach the
+    runner a moment later and run anyway."""
+    channel_layer = InMemoryChannelLayer()
+    loop.call_soon_threadsafe(time.sleep, 1.0)  # the loop is busy for a second
+    with pytest.raises(TimeoutError):
+        layer.run(lambda: channel_layer.send("airlock.runner.x", {"type": "command.run"}), 0.2)
+    time.sleep(1.0)
+    assert received(loop, channel_layer, "airlock.runner.x") is None
+    layer.run(lambda: channel_layer.send("airlock.runner.x", {"type": "command.run"}), 2)  # free again
+    assert received(loop, channel_layer, "airlock.runner.x") == {"type": "command.run"}
+
+
+def test_run_refuses_to_block_the_loop_it_would_wait_for(loop):
+    channel_layer = InMemoryChannelLayer()
+
+    async def from_the_loop():
+        with pytest.raises(RuntimeError, match="block the loop"):
+            layer.run(lambda: channel_layer.send("x.y", {"type": "t"}), 1)
+
+    asyncio.run_coroutine_threadsafe(from_the_loop(), loop).result(5)
+
+
+def test_a_runner_drops_a_reply_whose_caller_stopped_waiting(loop):
+    runner = RunnerService(embedded=True)
+    try:
+        channel_layer = runner.layer
+        for reply_by, expected in ((time.time() - 5, None), (time.time() + 30, "unknown_message")):
+            message = {"type": "no.such.message", "reply_to": "airlock.reply.test!abc", "reply_by": reply_by}
+            asyncio.run_coroutine_threadsafe(runner._dispatch(message), loop).result(5)
+            reply = received(loop, channel_layer, "airlock.reply.test!abc")
+            assert (reply or {}).get("error") == expected
+    finally:
+        for executor in (runner.executor, runner.db_executor, runner.stats_executor):
+            executor.shutdown(wait=False)
