@@ -59,11 +59,12 @@ def test_run_refuses_to_block_the_loop_it_would_wait_for(loop):
 def test_a_runner_drops_a_reply_whose_caller_stopped_waiting(loop):
     runner = RunnerService(embedded=True)
     try:
-        channel_layer = runner.layer
+        channel_layer = runner.layer  # the deployment's: in-memory, or Redis
         for reply_by, expected in ((time.time() - 5, None), (time.time() + 30, "unknown_message")):
-            message = {"type": "no.such.message", "reply_to": "airlock.reply.test!abc", "reply_by": reply_by}
+            reply_to = asyncio.run_coroutine_threadsafe(channel_layer.new_channel("airlock.reply."), loop).result(5)
+            message = {"type": "no.such.message", "reply_to": reply_to, "reply_by": reply_by}
             asyncio.run_coroutine_threadsafe(runner._dispatch(message), loop).result(5)
-            reply = received(loop, channel_layer, "airlock.reply.test!abc")
+            reply = received(loop, channel_layer, reply_to)
             assert (reply or {}).get("error") == expected
     finally:
         for executor in (runner.executor, runner.db_executor, runner.stats_executor):
