@@ -87,9 +87,9 @@ def session_create(request):
     serializer.is_valid(raise_exception=True)
     data = serializer.validated_data
     try:
-        created = lifecycle.session_open(tenant=request.user.tenant, conversation_id=data["conversation_id"],
-                                      policy_name=data["policy"], repository=data.get("workspace", {}).get("repo", ""),
-                                      actor_label=actor_label(request.auth))
+        created = lifecycle.session_open(
+            tenant=request.user.tenant, conversation_id=data["conversation_id"], policy_name=data["policy"],
+            repository=data.get("workspace", {}).get("repo", ""), actor_label=actor_label(request.auth))
     except lifecycle.LifecycleError as exc:
         return _refused(exc)
     body = s.SessionSerializer(created.session).data
