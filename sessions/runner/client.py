@@ -44,8 +44,9 @@ def runner_call(runner_id: str, message: dict, *, timeout_s: float) -> dict:
     """Send a message to a runner and wait for its reply (at most timeout_s)."""
     try:
         return layer.run(lambda: _call(runner_id, message, timeout_s), timeout_s + HAND_OVER_S)
-    except TimeoutError:
-        return _timed_out(timeout_s)
+    except TimeoutError:  # the loop never took it (then it never leaves), or the layer hung
+        return {"ok": False, "error": "runner_unreachable",
+                "detail": f"the message could not be handed to the channel layer within {timeout_s + HAND_OVER_S:g} s"}
 
 
 def runner_send(runner_id: str, message: dict) -> bool:

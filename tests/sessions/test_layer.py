@@ -5,9 +5,11 @@ import threading
 import time
 
 import pytest
-from channels.layers import InMemoryChannelLayer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from sessions import layer
+from sessions.models import runner_channel
+from sessions.runner import client
 from sessions.runner.core import RunnerService
 
 
@@ -69,3 +71,13 @@ def test_a_runner_drops_a_reply_whose_caller_stopped_waiting(loop):
     finally:
         for executor in (runner.executor, runner.db_executor, runner.stats_executor):
             executor.shutdown(wait=False)
+
+
+def test_a_call_the_loop_could_not_take_is_reported_unreachable_and_never_delivered(loop, monkeypatch):
+    """The broker fails a command whose message was reported unreachable: it must not run later."""
+    monkeypatch.setattr(client, "HAND_OVER_S", 0.2)
+    loop.call_soon_threadsafe(time.sleep, 1.0)
+    reply = client.runner_call("stalled", {"type": "command.run"}, timeout_s=0.1)
+    assert reply["ok"] is False and reply["error"] == "runner_unreachable", reply
+    time.sleep(1.0)
+    assert received(loop, get_channel_layer(), runner_channel("stalled")) is None
