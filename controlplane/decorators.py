@@ -1,8 +1,8 @@
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 
+from controlplane.errors import forbidden
 from controlplane.selectors import membership_for
 
 
@@ -16,7 +16,9 @@ def tenant_view(action: str = "read"):
         def wrapper(request, tenant_slug: str, *args, **kwargs):
             membership = membership_for(request.user, tenant_slug)
             if not membership.can(action):
-                raise PermissionDenied(f"your role {membership.role_name} cannot {action.replace('_', ' ')}")
+                # Answered here, not raised: Django logs a raised PermissionDenied with its whole
+                # traceback, and a role's refusal is an expected answer, not an error.
+                return forbidden(request, f"your role {membership.role_name} cannot {action.replace('_', ' ')}")
             request.membership = membership
             request.tenant = membership.tenant
             return view(request, *args, **kwargs)

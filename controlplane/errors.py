@@ -9,6 +9,7 @@ def _wants_json(request) -> bool:
 
 
 def forbidden(request, exception=None):
+    """Django's 403 handler, and the answer to a role that may not (`exception` may be the reason)."""
     reason = str(exception) if exception and str(exception) else "your role does not allow this"
     if _wants_json(request):
         return JsonResponse({"error": "permission_denied", "detail": reason}, status=403)

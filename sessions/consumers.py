@@ -54,7 +54,7 @@ class OneWayJsonConsumer(AsyncJsonWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         try:
             content = json.loads(text_data) if text_data is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the json module's limit
             content = None
         await self.receive_json(content)
 

@@ -3,7 +3,8 @@
 Bearer-token requests need none of the session, CSRF, authentication or messages middleware,
 and under ASGI each synchronous middleware costs two hops to Django's one shared thread. This
 handler keeps what the API needs: the Host check against ALLOWED_HOSTS, and the security
-headers (nosniff, same-origin referrer, no framing). /api/docs and /api/schema stay on the
+headers (nosniff, same-origin referrer, no framing, a policy that loads nothing, and HSTS over
+HTTPS: controlplane/security.py). /api/docs and /api/schema stay on the
 dashboard's handler.
 
 It sets the handler's private middleware attributes (`_middleware_chain` and the lists beside
@@ -15,8 +16,11 @@ from asgiref.sync import markcoroutinefunction
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 
-API_PREFIX = "/api/v1/"
-HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY"}
+from controlplane import security
+
+API_PREFIX = security.API_PREFIX
+HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY",
+           "Content-Security-Policy": security.API}
 
 
 class ApiHandler(ASGIHandler):
@@ -34,6 +38,8 @@ class ApiHandler(ASGIHandler):
             response = await handled(request)
             for name, value in HEADERS.items():  # on every response, errors included
                 response.headers.setdefault(name, value)
+            if hsts := security.transport_security(request):
+                response.headers.setdefault("Strict-Transport-Security", hsts)
             return response
 
         markcoroutinefunction(chain)

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from controlplane.api.fields import Slug, Text
+from controlplane.api.fields import Int, Slug, Text
 from policies_app.models import Policy, PolicyVersion
 
 
@@ -62,15 +62,15 @@ class NoteSerializer(serializers.Serializer):
 
 
 class RollbackSerializer(NoteSerializer):
-    to = serializers.IntegerField(min_value=1)
+    to = Int(min_value=1)
 
 
 class ShadowSerializer(serializers.Serializer):
-    version = serializers.IntegerField(min_value=1, allow_null=True)
+    version = Int(min_value=1, allow_null=True)
 
 
 class ReplaySerializer(serializers.Serializer):
-    limit = serializers.IntegerField(min_value=1, max_value=20_000, default=10_000)
+    limit = Int(min_value=1, max_value=20_000, default=10_000)
 
 
 class DenialParams(serializers.Serializer):
@@ -88,7 +88,7 @@ class EvaluateSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["exec", "egress"], default="exec",
                                    help_text="exec: {bin, args, cwd?, timeout_s?}; egress: {host, port}")
     request = serializers.DictField()
-    version = serializers.IntegerField(min_value=1, required=False)
+    version = Int(min_value=1, required=False)
 
 
 class ExceptionSerializer(serializers.Serializer):
@@ -125,12 +125,12 @@ class ExceptionCreateSerializer(serializers.Serializer):
     policy = Slug(required=False, max_length=63)
     bin = Text(required=False, max_length=64)
     host = Text(required=False, max_length=253)
-    port = serializers.IntegerField(required=False, min_value=1, max_value=65535)
+    port = Int(required=False, min_value=1, max_value=65535)
     args = serializers.ListField(child=Text(allow_blank=True, trim_whitespace=False),
                                  required=False, default=list, max_length=1000)
     cwd = Text(required=False, default="/workspace", max_length=1000)
     expires_at = serializers.DateTimeField(required=False)
-    ttl_s = serializers.IntegerField(required=False, min_value=60, max_value=90 * 86400)
+    ttl_s = Int(required=False, min_value=60, max_value=90 * 86400)
     reason = Text(max_length=2000)
     ticket = Text(required=False, allow_blank=True, default="", max_length=100)
 

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from controlplane.api.fields import Slug, Text
+from controlplane.api.fields import Bool, Int, Slug, Text
 from policies_app.decisions import record_payload
 from sessions.models import CommandRun, Session
 
@@ -24,9 +24,9 @@ class CommandCreateSerializer(serializers.Serializer):
     args = serializers.ListField(child=Text(allow_blank=True, trim_whitespace=False, max_length=65536),
                                  max_length=1000, default=list)
     cwd = Text(max_length=4096, default="/workspace", trim_whitespace=False)
-    timeout_s = serializers.IntegerField(min_value=1, required=False, help_text="at most the policy's "
+    timeout_s = Int(min_value=1, required=False, help_text="at most the policy's "
                                          "limits.command_timeout_s")
-    wait = serializers.BooleanField(default=False, help_text="answer with the result when the command ends")
+    wait = Bool(default=False, help_text="answer with the result when the command ends")
 
     def validate_args(self, args: list[str]) -> list[str]:
         if sum(len(arg) for arg in args) > ARGS_CHARS:

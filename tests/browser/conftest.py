@@ -145,8 +145,14 @@ def browser():
 
 @pytest.fixture
 def page(browser):
+    """A page that fails its test if anything it loaded broke the Content-Security-Policy (a
+    script, style or connection the policy refused is a feature that silently does not work)."""
     context = browser.new_context(viewport={"width": 1360, "height": 860})
     page = context.new_page()
     page.set_default_timeout(10_000)
+    refused = []
+    page.on("console", lambda message: refused.append(message.text)
+            if message.type == "error" and "Content Security Policy" in message.text else None)
     yield page
     context.close()
+    assert not refused, f"the Content-Security-Policy refused: {refused}"

@@ -5,6 +5,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from controlplane.models import ApiKeyScope, AuditEvent
 from policies_app.models import DecisionRecord, PolicyVersion
 from sessions import services
@@ -404,3 +406,12 @@ def test_a_token_past_its_sessions_ttl_is_refused_even_before_the_runner_notices
                                 content_type="application/json").json()  # the tenant's key
     assert refused["decision"]["reason_code"] == "session_not_active"
     assert "time to live" in refused["decision"]["message"]
+
+
+@pytest.mark.parametrize(("field", "value"), [("wait", "yes"), ("wait", 1), ("wait", "true"),
+                                              ("timeout_s", "5"), ("timeout_s", True), ("timeout_s", 5.0)])
+def test_command_fields_take_their_json_type_only(field, value, agent):
+    session = agent.open()
+    response = agent.run(session, "python3", "-V", **{"wait": True, field: value})
+    assert response.status_code == 400, response.content
+    assert list(response.json()["fields"]) == [field]

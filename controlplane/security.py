@@ -1,0 +1,44 @@
+"""Headers that tell a browser what a page may do: a Content-Security-Policy on every response,
+and Strict-Transport-Security on every response served over HTTPS (SecurityMiddleware sends it
+for the dashboard; the API's handler, controlplane/api/handler.py, sends it itself).
+
+The dashboard's pages load scripts, styles, fonts and images only from this origin (static/,
+vendored, docs/architecture.md "Browser"), talk only to it (fetch and the live WebSockets: CSP's
+'self' covers ws: and wss: of the same host), and run no inline script or style; no other site
+may frame them. API answers are data: they may load nothing."""
+
+from asgiref.sync import iscoroutinefunction
+from django.conf import settings
+from django.utils.decorators import sync_and_async_middleware
+
+DASHBOARD = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+             "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+API = "default-src 'none'; frame-ancestors 'none'"
+API_PREFIX = "/api/v1/"  # the agent API (its own handler in production: controlplane/api/handler.py)
+
+
+def policy_for(path: str) -> str:
+    return API if path.startswith(API_PREFIX) else DASHBOARD
+
+
+def transport_security(request) -> str | None:
+    """The Strict-Transport-Security value for this request, or None (plain HTTP, or turned off)."""
+    if not request.is_secure() or not settings.SECURE_HSTS_SECONDS:
+        return None
+    return f"max-age={settings.SECURE_HSTS_SECONDS}"
+
+
+@sync_and_async_middleware
+def content_security_policy(get_response):
+    """Async when the chain is (no hop to a thread for one header)."""
+    if iscoroutinefunction(get_response):
+        async def middleware(request):
+            response = await get_response(request)
+            response.headers.setdefault("Content-Security-Policy", policy_for(request.path))
+            return response
+    else:
+        def middleware(request):
+            response = get_response(request)
+            response.headers.setdefault("Content-Security-Policy", policy_for(request.path))
+            return response
+    return middleware
