@@ -60,6 +60,27 @@ def may_hold_a_secret(text: str, secrets: Iterable[str] = ()) -> bool:
     return _may_hold_a_shape(text) or any(secret in text for secret in _long_enough(secrets))
 
 
+def partial_secret_start(text: str, end: int, secrets: Iterable[str] = ()) -> int:
+    """Where the longest start (3+ characters) of a configured secret value that ends at `end`
+    begins, or `end` when none does: text cut there would carry half a secret whose rest may
+    come later (in another stream)."""
+    start = end
+    for secret in _long_enough(secrets):
+        for length in range(min(len(secret) - 1, end), 2, -1):
+            if text.startswith(secret[:length], end - length):
+                start = min(start, end - length)
+                break
+    return start
+
+
+def spans_across(before: str, after: str, secrets: Iterable[str] = ()) -> int:
+    """How far into `after` a secret that starts in `before` reaches, when the two are read as
+    one text (0: none crosses from one into the other)."""
+    joint = before + after
+    return max((end - len(before) for start, end in secret_spans(joint, secrets) if start < len(before) < end),
+               default=0)
+
+
 def secret_spans(text: str, secrets: Iterable[str] = ()) -> list[tuple[int, int]]:
     """Where in `text` something would be redacted (a match may run to the end of the text)."""
     patterns = (_SHAPES, _KEYED) if _may_hold_a_shape(text) else ()

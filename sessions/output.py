@@ -2,18 +2,26 @@
 
 Redaction works on whole lines, so a secret is never split across two events where no pattern
 could see it whole. A line is held back until its newline arrives, or until it grows past
-LINE_LIMIT characters (it then leaves cut where no secret can be split), or until the command ends. A private
-key block spans lines: from its BEGIN line to its END line every line is redacted."""
+LINE_LIMIT characters (it then leaves cut where no secret can be split, nor half a configured
+secret left at its end), or until the command ends. A private key block spans lines: from its
+BEGIN line to its END line every line is redacted.
+
+Both readings of the output are redacted: each stream alone (a client that follows stdout only)
+and the two merged in the order they leave, which is what is stored and what a terminal shows.
+Text that leaves mid-line is the only place where the other stream's next text can continue a
+secret: there, what crosses is redacted (`CommandOutput._meet`); at the end, both streams' rests
+are redacted as the one text they become."""
 
 import codecs
 import re
 
-from controlplane.redaction import REDACTED, may_hold_a_secret, redact, secret_spans
+from controlplane.redaction import REDACTED, may_hold_a_secret, partial_secret_start, redact, secret_spans, spans_across
 from sessions.runtimes.base import OutputTail
 
 LINE_LIMIT = 4096
 HOLD_LIMIT = 65536
 OVERLAP = 1024
+MEET_CHARS = 2 * OVERLAP  # how much of a mid-line text is read again where the other stream continues
 _KEY_BEGIN = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
 _KEY_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY-----")
 
@@ -45,6 +53,8 @@ class StreamRedactor:
         for start, end in sorted(secret_spans(text, self.secrets), reverse=True):
             if start < cut < end:
                 cut = start
+        if cut > 0:  # nor after the start of a configured secret whose rest may come on the other stream
+            cut = partial_secret_start(text, cut, self.secrets)
         if self._in_key or "-----BEGIN" in text[max(cut - 64, 0):]:
             cut = 0  # inside, or at the start of, a private key block: wait for its end
         if cut <= 0 and len(text) > HOLD_LIMIT:
@@ -74,20 +84,39 @@ class StreamRedactor:
 
 
 class CommandOutput:
-    """The redacted output of one command: per-stream redactors and one interleaved tail.
-    `feed` and `flush` redact; `keep` adds to the tail (the runner does it where it numbers the
-    events, so a snapshot of the tail and an event's sequence number always agree)."""
+    """The redacted output of one command: per-stream redactors, redaction where the streams
+    meet, and one interleaved tail. `feed` and `flush` redact, in the order the text leaves;
+    `keep` adds to the tail (the runner does it where it numbers the events, so a snapshot of
+    the tail and an event's sequence number always agree)."""
 
     def __init__(self, *, tail_chars: int, secrets: tuple[str, ...] = ()):
+        self.secrets = secrets
         self.streams = {"stdout": StreamRedactor(secrets), "stderr": StreamRedactor(secrets)}
         self.tail = OutputTail(tail_chars)
+        # The stream and the end of the text that left last, while that text ended mid-line.
+        self._open: tuple[str, str] | None = None
 
     def feed(self, stream: str, data: bytes) -> str:
-        return self.streams[stream].feed(data)
+        return self._meet(stream, self.streams[stream].feed(data))
 
     def flush(self) -> list[tuple[str, str]]:
-        flushed = [(stream, redactor.flush()) for stream, redactor in self.streams.items()]
-        return [(stream, text) for stream, text in flushed if text]
+        rests = [(stream, text) for stream, text in ((s, r.flush()) for s, r in self.streams.items()) if text]
+        if len(rests) == 2 and spans_across(rests[0][1], rests[1][1], self.secrets):
+            # Nothing of either has left yet: they leave as one text, redacted as one.
+            rests = [(rests[0][0], redact(rests[0][1] + rests[1][1], self.secrets))]
+        return [(stream, text) for stream, text in ((s, self._meet(s, t)) for s, t in rests) if text]
+
+    def _meet(self, stream: str, text: str) -> str:
+        """`text` of `stream` leaves now: what a secret begun in the other stream's mid-line text
+        (the last to leave) carries over into it is redacted."""
+        if not text:
+            return text
+        if self._open is not None and self._open[0] != stream:
+            reach = spans_across(self._open[1], text, self.secrets)
+            if reach:
+                text = REDACTED + text[reach:]
+        self._open = None if text.endswith("\n") else (stream, text[-MEET_CHARS:])
+        return text
 
     def keep(self, text: str) -> None:
         if text:

@@ -13,7 +13,7 @@ from sessions import services
 from sessions.api.serializers import CommandSerializer
 from sessions.models import CommandRun, Session
 from sessions.runtimes import get_driver
-from tests.sessions.conftest import POLICY, publish, run_on
+from tests.sessions.conftest import POLICY, Agent, publish, run_on, running_runner
 
 DECISION_FIELDS = {"id", "allowed", "effect", "reason_code", "rule_id", "message", "hint", "policy_version", "mode"}
 
@@ -415,3 +415,30 @@ def test_command_fields_take_their_json_type_only(field, value, agent):
     response = agent.run(session, "python3", "-V", **{"wait": True, field: value})
     assert response.status_code == 400, response.content
     assert list(response.json()["fields"]) == [field]
+
+
+SPLIT_SECRET = "configured-Secret-0123456789"
+# Half the secret on stdout, half on stderr, no newline: each stream alone holds no secret.
+SPLITTER = (b"import sys, time\nsecret = open('secret.txt').read(); half = len(secret) // 2\n"
+            b"sys.stdout.write(secret[:half]); sys.stdout.flush(); time.sleep(0.2)\n"
+            b"sys.stderr.write(secret[half:]); sys.stderr.flush()\n")
+
+
+@pytest.fixture
+def redacting_agent(acme, acme_policy, make_key, api, settings, transactional_db, sandboxes):
+    """An agent whose runner started knowing a configured secret (AIRLOCK_REDACT_VALUES)."""
+    settings.AIRLOCK_REDACT_VALUES = [SPLIT_SECRET]
+    with running_runner():
+        yield Agent(api, make_key(acme).key)
+
+
+def test_a_secret_split_across_stdout_and_stderr_is_never_stored(redacting_agent):
+    agent = redacting_agent
+    session = agent.open()
+    assert agent.put(session, "secret.txt", SPLIT_SECRET.encode()).status_code == 204
+    assert agent.put(session, "split.py", SPLITTER).status_code == 204
+    body = agent.run(session, "python3", "split.py").json()
+    assert body["exit_code"] == 0
+    stored = CommandRun.objects.get(pk=body["id"]).output
+    assert SPLIT_SECRET not in stored and SPLIT_SECRET not in body["output"]
+    assert stored == "[redacted]"

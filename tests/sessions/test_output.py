@@ -2,7 +2,7 @@
 
 import pytest
 
-from sessions.output import HOLD_LIMIT, LINE_LIMIT, CommandOutput, StreamRedactor
+from sessions.output import HOLD_LIMIT, LINE_LIMIT, OVERLAP, CommandOutput, StreamRedactor
 
 
 def test_a_secret_split_across_chunks_is_redacted():
@@ -74,3 +74,68 @@ def test_the_checkout_filter_ignores_case_and_looks_at_every_directory():
         assert excluded(path), path
     for path in ("src/app.py", "tests/test_env.py", "docs/secrets-management.md"):
         assert not excluded(path), path
+
+
+SECRET = "s3cr3t-Value-0123456789"
+
+
+def released(steps: list[tuple[str, bytes]]) -> list[tuple[str, str]]:
+    """What leaves, in order, when the streams write `steps` and the command then ends."""
+    output = CommandOutput(tail_chars=10**6, secrets=(SECRET,))
+    events = [(stream, output.feed(stream, data)) for stream, data in steps]
+    return [(stream, text) for stream, text in events + output.flush() if text]
+
+
+def readings(events: list[tuple[str, str]]) -> dict[str, str]:
+    """The output as a terminal shows it (merged), and each stream alone."""
+    return {"merged": "".join(text for _, text in events),
+            **{name: "".join(text for stream, text in events if stream == name) for name in ("stdout", "stderr")}}
+
+
+def test_a_secret_split_across_stdout_and_stderr_is_redacted_where_they_meet():
+    half = len(SECRET) // 2
+    for steps in ([("stdout", SECRET[:half].encode()), ("stderr", SECRET[half:].encode())],
+                  [("stderr", b"x " + SECRET[:half].encode()), ("stdout", SECRET[half:].encode() + b" y")]):
+        for name, text in readings(released(steps)).items():
+            assert SECRET not in text, (name, text)
+
+
+def test_half_a_secret_at_a_long_lines_cut_waits_for_what_follows_it():
+    filler = "x" * (LINE_LIMIT + 10)
+    half = len(SECRET) // 2
+    # The first half sits right where a long line is cut; the second half comes on stderr.
+    first = (filler + SECRET[:half]).encode() + b"z" * 1100
+    events = released([("stdout", first), ("stderr", SECRET[half:].encode() + b"\n")])
+    for name, text in readings(events).items():
+        assert SECRET not in text, name
+    assert readings(events)["stdout"].replace("[redacted]", "").count(SECRET[:half]) <= 1
+
+
+def test_a_shaped_secret_continued_on_the_other_stream_is_redacted():
+    token = "ghp_" + "A1b2C3d4E5" * 4
+    filler = "y" * (LINE_LIMIT + 50) + " "
+    events = released([("stdout", (filler + token[:10]).encode() + b" " * OVERLAP),  # cut right after the prefix
+                       ("stdout", b""), ("stderr", token[10:].encode() + b"\n")])
+    assert token[10:] not in readings(events)["merged"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_no_interleaving_of_the_two_streams_leaks_a_secret(seed):
+    """An attacker picks where the secret is split, how each half is chunked and in which order
+    the chunks arrive; no reading of what leaves holds the secret."""
+    import random
+
+    rng = random.Random(seed)  # noqa: S311 - reproducible choices, not secrets
+    cut = rng.randrange(1, len(SECRET))
+    pad = "p" * rng.choice([0, 3, LINE_LIMIT - 5, LINE_LIMIT + 200])
+    halves = {"stdout": (pad + SECRET[:cut]).encode(), "stderr": SECRET[cut:].encode()}
+    if rng.random() < 0.5:
+        halves = {"stdout": halves["stderr"], "stderr": halves["stdout"]}
+    chunks = {stream: [data[i:i + rng.randrange(1, 40)] for i in range(0, len(data), 40)] or [b""]
+              for stream, data in halves.items()}
+    order = [stream for stream in chunks for _ in chunks[stream]]
+    first = rng.choice(["stdout", "stderr"])
+    order.sort(key=lambda stream: stream != first)  # one stream's chunks, then the other's
+    steps = [(stream, chunks[stream].pop(0)) for stream in order]
+    for name, text in readings(released(steps)).items():
+        assert SECRET not in text, (seed, name)
