@@ -233,8 +233,11 @@ if AIRLOCK_RUNNER_DEAD_AFTER_S <= AIRLOCK_RUNNER_HEARTBEAT_S:
     )
 AIRLOCK_RUNNER_REAP_INTERVAL_S = env_int("AIRLOCK_RUNNER_REAP_INTERVAL_S", 60, minimum=1)
 AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
-# Threads of the server for API requests that wait for a runner (a command with `wait`).
+# Threads of the server for API requests that wait for a runner (a command with `wait`), and how
+# many of them one tenant may hold at once (sessions/admission.py).
 AIRLOCK_API_THREADS = env_int("AIRLOCK_API_THREADS", 64, minimum=2)
+AIRLOCK_API_WAITING_PER_TENANT = env_int("AIRLOCK_API_WAITING_PER_TENANT", max(1, AIRLOCK_API_THREADS // 4),
+                                         minimum=1)
 # A session ends as `expired` at its policy's session_ttl_s, or after this long without a command.
 AIRLOCK_SESSION_IDLE_TIMEOUT_S = env_int("AIRLOCK_SESSION_IDLE_TIMEOUT_S", 900, minimum=10)
 AIRLOCK_MAX_FILE_BYTES = env_int("AIRLOCK_MAX_FILE_BYTES", 4 * 2**20, minimum=1024)

@@ -30,6 +30,9 @@ op, path, limit, deadline = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sy
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 TEMP = ".airlock-put-"
 
+class NotRegular(Exception):
+    pass
+
 def out_of_time(signum, frame):
     raise OSError(errno.ETIMEDOUT, "past the deadline")
 
@@ -75,7 +78,7 @@ try:
             if stat.S_ISDIR(old.st_mode):
                 raise OSError(errno.EISDIR, name)
             if not stat.S_ISREG(old.st_mode):  # a FIFO, socket or device is never replaced
-                raise OSError(errno.EACCES, name)
+                raise NotRegular
             mode = stat.S_IMODE(old.st_mode)
         sweep(fd)
         temp = TEMP + secrets.token_hex(8)
@@ -102,9 +105,14 @@ try:
             raise
     elif op == "get":
         fd = parent_fd(parts[:-1], False)
-        src = os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=fd)  # a FIFO never blocks it
+        try:  # O_NONBLOCK: opening a FIFO never waits for a writer
+            src = os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a socket
+                raise NotRegular from None
+            raise
         if not stat.S_ISREG(os.fstat(src).st_mode):
-            raise OSError(errno.EACCES, path)
+            raise NotRegular
         with os.fdopen(src, "rb") as f:
             data = f.read(limit + 1)
         if len(data) > limit:
@@ -116,6 +124,9 @@ try:
         # names without `..`); bookworm's Python predates extraction filters.
         with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as archive:
             archive.extractall("/workspace")
+except NotRegular:
+    sys.stderr.write("ENOTREG")
+    sys.exit(3)
 except OSError as exc:
     sys.stderr.write(errno.errorcode.get(exc.errno, "EIO"))
     sys.exit(3)
@@ -131,7 +142,9 @@ ERRORS = {
     "ENOSPC": ("quota_exceeded", QUOTA_DETAIL),
     "EDQUOT": ("quota_exceeded", QUOTA_DETAIL),
     "EFBIG": ("file_too_large", "the file is larger than the API serves"),
-    "EACCES": ("permission_denied", "the sandbox's user may not access this path, or it is not a regular file"),
+    "EACCES": ("permission_denied", "the sandbox's user may not access this path"),
+    "ENOTREG": ("not_a_regular_file", "the path is a FIFO, socket or device: only regular files are read or written "
+                "through the API"),
     "EPIPE": ("workspace_error", "the file's content did not arrive whole; the workspace is unchanged"),
     "ETIMEDOUT": ("runner_timeout", "the file operation did not finish in time; nothing was written"),
 }

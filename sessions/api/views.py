@@ -1,6 +1,7 @@
 """The agent-facing session API (docs/architecture.md, "API"). Tenant API keys (scope `sessions`) create
 sessions; the session token returned reaches that one session until it ends."""
 
+import contextlib
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +19,7 @@ from rest_framework.response import Response
 
 from controlplane.api.auth import ApiKeyAuthentication, ApiPrincipal
 from controlplane.audit import actor_label
-from sessions import broker, lifecycle
+from sessions import admission, broker, lifecycle
 from sessions.api import serializers as s
 from sessions.api.auth import SessionTokenAuthentication, session_for
 from sessions.models import SessionState
@@ -46,11 +47,14 @@ def waits_for_runner(view):
     return functools.update_wrapper(wrapper, view)
 
 
-def _refused(exc: lifecycle.LifecycleError) -> Response:
+def _refused(exc: lifecycle.LifecycleError | admission.Refused) -> Response:
     body = {"error": exc.code, "detail": exc.detail}
     if exc.decision is not None:
         body["decision"] = exc.decision
-    return Response(body, status=exc.status)
+    response = Response(body, status=exc.status)
+    if exc.status == 429:
+        response["Retry-After"] = "1"
+    return response
 
 
 def _actor(request):
@@ -87,10 +91,11 @@ def session_create(request):
     serializer.is_valid(raise_exception=True)
     data = serializer.validated_data
     try:
-        created = lifecycle.session_open(
-            tenant=request.user.tenant, conversation_id=data["conversation_id"], policy_name=data["policy"],
-            repository=data.get("workspace", {}).get("repo", ""), actor_label=actor_label(request.auth))
-    except lifecycle.LifecycleError as exc:
+        with admission.waiting_call(request.user.tenant):
+            created = lifecycle.session_open(
+                tenant=request.user.tenant, conversation_id=data["conversation_id"], policy_name=data["policy"],
+                repository=data.get("workspace", {}).get("repo", ""), actor_label=actor_label(request.auth))
+    except (lifecycle.LifecycleError, admission.Refused) as exc:
         return _refused(exc)
     body = s.SessionSerializer(created.session).data
     body["token"] = created.token
@@ -120,8 +125,9 @@ def session_kill(request, session_id):
 
 def _stop(request, session, state: str, reason: str) -> Response:
     try:
-        session = lifecycle.session_stop(session=session, state=state, actor=_actor(request), reason=reason)
-    except lifecycle.LifecycleError as exc:
+        with admission.waiting_call(session.tenant):
+            session = lifecycle.session_stop(session=session, state=state, actor=_actor(request), reason=reason)
+    except (lifecycle.LifecycleError, admission.Refused) as exc:
         return _refused(exc)
     return Response(s.SessionSerializer(session).data)
 
@@ -141,8 +147,9 @@ def commands(request, session_id):
     serializer.is_valid(raise_exception=True)
     wait = serializer.validated_data["wait"]
     try:
-        command = broker.command_propose(session=session, request=serializer.request_for_policy(), wait=wait)
-    except broker.BrokerError as exc:
+        with admission.waiting_call(session.tenant) if wait else contextlib.nullcontext():
+            command = broker.command_propose(session=session, request=serializer.request_for_policy(), wait=wait)
+    except (broker.BrokerError, admission.Refused) as exc:
         return _refused(exc)
     if not command.finished and wait:  # the wait ran out, or the session ended meanwhile: as stored now
         command = command_get(session, command.pk)
@@ -169,11 +176,12 @@ def command_detail(request, session_id, command_id):
 def session_file(request, session_id, path: str):
     session = session_for(request, session_id)
     try:
-        if request.method == "PUT":
-            broker.file_operation(session=session, op="put", path=path, data=bytes(request.data or b""))
-            return Response(status=status.HTTP_204_NO_CONTENT)
-        data = broker.file_operation(session=session, op="get", path=path)
-    except broker.BrokerError as exc:
+        with admission.waiting_call(session.tenant):
+            if request.method == "PUT":
+                broker.file_operation(session=session, op="put", path=path, data=bytes(request.data or b""))
+                return Response(status=status.HTTP_204_NO_CONTENT)
+            data = broker.file_operation(session=session, op="get", path=path)
+    except (broker.BrokerError, admission.Refused) as exc:
         return _refused(exc)
     response = HttpResponse(data, content_type="application/octet-stream")
     response["Content-Disposition"] = "attachment"

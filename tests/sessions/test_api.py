@@ -9,7 +9,7 @@ import pytest
 
 from controlplane.models import ApiKeyScope, AuditEvent
 from policies_app.models import DecisionRecord, PolicyVersion
-from sessions import services
+from sessions import admission, services
 from sessions.api.serializers import CommandSerializer
 from sessions.models import CommandRun, Session
 from sessions.runtimes import get_driver
@@ -259,14 +259,47 @@ def test_a_write_keeps_the_mode_of_the_file_it_replaces(agent):
     assert agent.get(session, "run.py").content == b"print('v2')\n"
 
 
-def test_a_fifo_in_the_workspace_is_neither_read_nor_replaced(agent):
+def test_a_fifo_or_socket_in_the_workspace_is_neither_read_nor_replaced(agent):
     session = agent.open()
-    agent.put(session, "fifo.py", b"import os\nos.mkfifo('pipe')\n")
-    assert agent.run(session, "python3", "fifo.py").json()["exit_code"] == 0
-    read = agent.get(session, "pipe")  # opening a FIFO would block until a writer came: it must not
-    assert read.status_code == 400 and read.json()["error"] == "permission_denied", read.content
-    write = agent.put(session, "pipe", b"data")
-    assert write.status_code == 400 and write.json()["error"] == "permission_denied", write.content
+    agent.put(session, "make.py", b"import os, socket\nos.mkfifo('pipe')\n"
+                                  b"socket.socket(socket.AF_UNIX).bind('sock')\n")
+    assert agent.run(session, "python3", "make.py").json()["exit_code"] == 0
+    for name in ("pipe", "sock"):
+        started = time.monotonic()
+        read = agent.get(session, name)  # opening a FIFO would block until a writer came: it must not
+        assert read.status_code == 400 and read.json()["error"] == "not_a_regular_file", read.content
+        assert time.monotonic() - started < 10  # far below the 90 s a blocked read would take
+        write = agent.put(session, name, b"data")
+        assert write.status_code == 400 and write.json()["error"] == "not_a_regular_file", write.content
+
+
+def test_one_tenant_holds_at_most_its_share_of_the_waiting_threads(agent, acme, globex, make_key, api, settings):
+    """Calls that wait for a runner hold a server thread each: past AIRLOCK_API_WAITING_PER_TENANT
+    a tenant's next one is refused at once, and another tenant's calls go on."""
+    import threading
+
+    settings.AIRLOCK_API_WAITING_PER_TENANT = 2
+    session = agent.open()
+    assert agent.run(session, "sleep", "3", wait=False).status_code == 202  # the session's jobs queue behind it
+    answers = []
+    readers = [threading.Thread(target=lambda: answers.append(agent.get(session, "nothing").status_code))
+               for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + 20
+    while admission._waiting[acme.pk] < 2:  # both reads hold their thread now
+        assert time.monotonic() < deadline, "the two reads never started waiting"
+        time.sleep(0.02)
+    refused = agent.get(session, "nothing")
+    assert refused.status_code == 429 and refused.json()["error"] == "too_many_waiting_calls"
+    assert refused["Retry-After"] == "1" and "AIRLOCK_API_WAITING_PER_TENANT" in refused.json()["detail"]
+    publish(globex)
+    other = Agent(api, make_key(globex).key)
+    theirs = other.open()  # waits for its sandbox: another tenant's share is untouched
+    assert other.run(theirs, "printf", "ok").json()["output"] == "ok"
+    for reader in readers:
+        reader.join(30)
+    assert answers == [404, 404]  # the two that waited were answered once the command ended
 
 
 def test_a_write_queued_past_its_deadline_never_lands(agent, runner):

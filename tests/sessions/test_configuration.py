@@ -190,6 +190,7 @@ def deployment():
         "ALLOWED_HOSTS": f"{HOST},airlock.internal", "CSRF_TRUSTED_ORIGINS": "https://airlock.example.com",
         "AIRLOCK_SECURE_COOKIES": "false", "AIRLOCK_BEHIND_TLS_PROXY": "true", "AIRLOCK_SESSION_COOKIE_AGE_S": "120",
         "AIRLOCK_MAX_FILE_BYTES": "2048", "AIRLOCK_MAX_REQUEST_BYTES": "65536", "AIRLOCK_API_THREADS": "2",
+        "AIRLOCK_API_WAITING_PER_TENANT": "2",  # one tenant may take both threads: the test below needs it
         "AIRLOCK_WORKSPACE_REPOS": f" demo:app={app} , docs={docs} ", "AIRLOCK_REDACT_VALUES": " , ".join(SECRETS),
     }
     log = base / "server.log"
