@@ -29,7 +29,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from sessions.runtimes import rootfs
+from sessions.runtimes import rootfs, seccomp
 from sessions.runtimes.base import (
     EGRESS_MOUNT,
     WORKSPACE,
@@ -72,7 +72,7 @@ class BubblewrapDriver(Driver):
 
     def __init__(self, *, sandbox_dir: Path | None = None, cgroups: CgroupManager | None = None):
         self.sandbox_dir = Path(sandbox_dir or settings.AIRLOCK_SANDBOX_DIR) / "bubblewrap"
-        self.cgroups = cgroups or CgroupManager(group=cgroup_group(self.sandbox_dir))
+        self.cgroups = cgroups or CgroupManager(group=cgroup_group(self.sandbox_dir), owner=self.sandbox_dir)
         self.as_root = os.geteuid() == 0
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
@@ -88,14 +88,22 @@ class BubblewrapDriver(Driver):
         if bwrap is None:
             raise RuntimeUnavailable("bubblewrap is not installed; install it with: apt-get install -y bubblewrap")
         tree = rootfs.require().path
-        probe = subprocess.run(  # every option a command's bwrap uses, bar the two descriptors
-            self._as_nobody([bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
-                             "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
-                             "--ro-bind", str(tree), "/", "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-                             "--size", str(2**20), "--tmpfs", "/tmp", "--chdir", "/", "--clearenv",  # noqa: S108
-                             "--", "/bin/true"]),
-            capture_output=True, text=True, timeout=10, env={}, **self._identity(),
-        )
+        try:
+            filter_read = seccomp.program_fd()
+        except seccomp.SeccompUnavailable as exc:
+            raise RuntimeUnavailable(str(exc)) from None
+        try:
+            probe = subprocess.run(  # every option a command's bwrap uses, bar the two descriptors
+                self._as_nobody([
+                    bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+                    "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
+                    "--ro-bind", str(tree), "/", "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+                    "--size", str(2**20), "--tmpfs", "/tmp", "--chdir", "/", "--clearenv",  # noqa: S108
+                    "--seccomp", str(filter_read), "--", "/bin/true"]),
+                capture_output=True, text=True, timeout=10, env={}, pass_fds=(filter_read,), **self._identity(),
+            )
+        finally:
+            os.close(filter_read)
         if "nknown option" in probe.stderr:
             raise RuntimeUnavailable(f"this bubblewrap is too old ({probe.stderr.strip()}); Airlock needs "
                                      "bubblewrap 0.5 or newer: apt-get install -y bubblewrap")
@@ -242,6 +250,9 @@ class BubblewrapDriver(Driver):
                stdin: bytes | None) -> _Running:
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
+        filter_read = seccomp.program_fd()
+        blank_read, blank_write = os.pipe()
+        os.close(blank_write)
         limits = sandbox.spec.limits
         command = self._as_nobody([
             self._bwrap,
@@ -250,29 +261,38 @@ class BubblewrapDriver(Driver):
             "--ro-bind", sandbox.handle["rootfs"], "/",
             "--proc", "/proc", "--dev", "/dev",
             "--remount-ro", "/dev",
+            # The host's boot options are not the sandbox's business: /proc/cmdline reads empty
+            # (a file bwrap makes from an empty pipe, whose path tells nothing of the host).
+            "--ro-bind-data", str(blank_read), "/proc/cmdline",
             "--bind", sandbox.handle["workspace"], WORKSPACE,
             # The session's egress socket and forwarder, when its policy allows egress.
             *(("--ro-bind", sandbox.spec.egress_dir, EGRESS_MOUNT) if sandbox.spec.egress_dir else ()),
             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",  # noqa: S108 - the sandbox's own
             "--chdir", cwd,
             "--info-fd", str(info_write), "--block-fd", str(block_read),
+            "--seccomp", str(filter_read),  # loaded into the command right before its exec (seccomp.py)
             # bwrap itself runs with an empty environment (nothing may steer how it loads); the
             # command gets exactly the policy's environment.
             "--clearenv", *[part for name, value in env.items() for part in ("--setenv", name, value)],
             "--", *argv,
         ])
         with self._guard(sandbox.id), self._lock:
-            if sandbox.id in self._running:
-                raise SandboxError("a command is already running in this sandbox")
             try:
+                if sandbox.id in self._running:
+                    raise SandboxError("a command is already running in this sandbox")
                 process = subprocess.Popen(
                     command, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    env={}, pass_fds=(info_write, block_read), start_new_session=True, **self._identity(),
+                    env={}, pass_fds=(info_write, block_read, filter_read, blank_read), start_new_session=True,
+                    **self._identity(),
                 )
-            finally:
-                os.close(info_write)
-                os.close(block_read)
+            except BaseException:
+                os.close(info_read)
+                os.close(block_write)
+                raise
+            finally:  # bwrap's ends are its own now (or nobody's)
+                for descriptor in (info_write, block_read, filter_read, blank_read):
+                    os.close(descriptor)
             running = _Running(process=process)
             self._running[sandbox.id] = running
         try:

@@ -4,7 +4,12 @@ Sandbox cgroups live under `<the runner's own cgroup>/<group>/<sandbox id>`, so 
 nested inside whatever limits the runner itself has; the group names one sandbox directory, so
 deployments that share a host never see each other's sandboxes. When the host offers no
 writable cgroup hierarchy, `CgroupManager.available` is false (and a warning says why) and the
-drivers fall back to rlimits."""
+drivers fall back to rlimits.
+
+Each group records which sandbox directory it serves (in OWNERS, under /run: cleared at boot, as
+cgroups are). A manager that starts removes the groups beside its own that nobody serves any
+more: their directory is gone (a test's, a deployment moved or removed), or, unrecorded (made
+before records were kept), they hold no process."""
 
 import contextlib
 import logging
@@ -20,6 +25,7 @@ log = logging.getLogger(__name__)
 
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 GROUP = "airlock"
+OWNERS = Path("/run/airlock/cgroups")
 
 
 @dataclass(frozen=True)
@@ -47,11 +53,16 @@ def _write(path: Path | str, value: str) -> None:
 
 
 class CgroupManager:
-    def __init__(self, root: Path = Path("/sys/fs/cgroup"), *, group: str = GROUP):
+    def __init__(self, root: Path = Path("/sys/fs/cgroup"), *, group: str = GROUP, owner: Path | None = None,
+                 owners: Path = OWNERS):
         self.group = group
         self.version = 2 if (root / "cgroup.controllers").exists() else 1
         self.bases: dict[str, Path] = self._find_bases(root)
+        self.owners = owners
         self.available = self._prepare()
+        if self.available and owner is not None:
+            self._record_owner(owner)
+            self.sweep_stale()
 
     # -- discovery -------------------------------------------------------------------------
     def _find_bases(self, root: Path) -> dict[str, Path]:
@@ -85,6 +96,40 @@ class CgroupManager:
                         "the runner needs a delegated cgroup of its own (systemd: Delegate=yes)", exc)
             return False
         return self.version == 2 or {"memory", "pids"} <= set(self.bases)
+
+    # -- groups of other sandbox directories ----------------------------------------------
+    def _record_owner(self, owner: Path) -> None:
+        with contextlib.suppress(OSError):
+            self.owners.mkdir(parents=True, exist_ok=True, mode=0o700)
+            (self.owners / self.group).write_text(str(owner.resolve()))
+
+    def sweep_stale(self) -> list[str]:
+        """Remove the `airlock-*` groups beside this one that nobody serves; returns their names."""
+        names = {child.name for base in self.bases.values() if base.parent.is_dir()
+                 for child in base.parent.iterdir()
+                 if child.name.startswith(GROUP + "-") and child.name != self.group and child.is_dir()}
+        removed = []
+        for name in sorted(names):
+            groups = [base.parent / name for base in self.bases.values() if (base.parent / name).is_dir()]
+            record = self.owners / name
+            try:
+                owner = record.read_text().strip()
+            except OSError:
+                owner = None
+            stale = not Path(owner).exists() if owner else not any(_populated(group) for group in groups)
+            if not stale:
+                continue
+            try:
+                for group in groups:
+                    _remove_group(group)
+            except OSError as exc:
+                log.warning("could not remove the stale sandbox cgroup %s: %s", name, exc)
+                continue
+            record.unlink(missing_ok=True)
+            removed.append(name)
+            log.info("removed the sandbox cgroup %s (%s)", name,
+                     f"its directory {owner} is gone" if owner else "no process, no record of its directory")
+        return removed
 
     def attach_waits_for_rcu(self) -> bool:
         """Moving a process into a cgroup takes a global lock whose writer first waits out an RCU
@@ -211,6 +256,29 @@ class CgroupManager:
             with contextlib.suppress(OSError):
                 ids.update(child.name for child in base.iterdir() if child.is_dir())
         return ids
+
+
+def _populated(group: Path) -> bool:
+    """Whether any process is in the group or below it."""
+    events = _stat_field(group / "cgroup.events", "populated")  # v2
+    if events is not None:
+        return bool(events)
+    return any((path / "cgroup.procs").read_text().strip() for path in [group, *group.iterdir()] if path.is_dir())
+
+
+def _remove_group(group: Path) -> None:
+    """Kill what is left in a group's children, then remove them and the group."""
+    for child in [path for path in group.iterdir() if path.is_dir()]:
+        for _ in range(100):
+            pids = [int(pid) for pid in (child / "cgroup.procs").read_text().split()]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+        child.rmdir()
+    group.rmdir()
 
 
 def _stat_field(path: Path, name: str) -> int | None:

@@ -33,7 +33,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import Ulimit
 from requests.exceptions import RequestException
 
-from sessions.runtimes import rootfs
+from sessions.runtimes import rootfs, seccomp
 from sessions.runtimes.base import (
     EGRESS_MOUNT,
     WORKSPACE,
@@ -129,6 +129,13 @@ class DockerDriver(Driver):
         self.image_digest, self._image_imported = ensure_image(self.client)
         self._checked = True
 
+    def _security_options(self) -> list[str]:
+        """runc applies Airlock's seccomp rules (seccomp.py); runsc keeps its own filter, on the
+        gVisor kernel that takes every call of the sandbox."""
+        if self.isolation == "gvisor":
+            return ["no-new-privileges"]
+        return ["no-new-privileges", f"seccomp={seccomp.docker_profile()}"]
+
     # -- lifecycle -------------------------------------------------------------------------
     def create(self, spec: SandboxSpec) -> Sandbox:
         self.check()
@@ -149,7 +156,7 @@ class DockerDriver(Driver):
             container = self.client.containers.run(
                 rootfs.IMAGE, ["sleep", "infinity"], detach=True, init=True,
                 name=f"airlock-{spec.session_id}", hostname="sandbox", network_mode="none",
-                read_only=True, user=KEEPER, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                read_only=True, user=KEEPER, cap_drop=["ALL"], security_opt=self._security_options(),
                 ipc_mode="none",
                 **pids_options, mem_limit=limits.memory_mb * 2**20, memswap_limit=limits.memory_mb * 2**20,
                 nano_cpus=int(limits.cpus * 1e9), working_dir=WORKSPACE, environment={},

@@ -112,3 +112,40 @@ def test_a_host_without_root_or_cgroups_is_told_what_the_sandbox_lacks(tmp_path)
     assert [line.split(" (")[0].split(":")[0] for line in driver.weaker_here()] == [
         "no /workspace size quota", "rlimits instead of cgroups"]
     assert get_driver("docker").weaker_here() == []
+
+
+def test_a_starting_driver_removes_the_cgroups_nobody_serves(tmp_path):
+    """Earlier deployments (and tests) leave `airlock-*` groups behind: the next driver to start
+    removes those whose sandbox directory is gone, and unrecorded ones that hold no process,
+    but never a group whose directory still exists or that still holds a process."""
+    import subprocess
+
+    from sessions.runtimes.bubblewrap import cgroup_group
+
+    gone, live = tmp_path / "gone", tmp_path / "live"
+    gone.mkdir()
+    live.mkdir()
+    old = CgroupManager(group=cgroup_group(gone), owner=gone)
+    if not old.available:
+        pytest.skip("no writable cgroup hierarchy here (needs root)")
+    kept = CgroupManager(group=cgroup_group(live), owner=live)
+    legacy, busy = (CgroupManager(group=f"airlock-{uuid.uuid4().hex[:12]}") for _ in range(2))  # no record
+    sandbox = str(uuid.uuid4())
+    for manager in (old, kept, legacy, busy):
+        manager.create(sandbox, memory_mb=64, pids=16, cpus=1)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        busy.attach(sandbox, sleeper.pid)
+        shutil.rmtree(gone)
+        CgroupManager(group=cgroup_group(tmp_path), owner=tmp_path)  # the next one to start
+        assert not any(path.exists() for path in old.paths(sandbox).values())
+        assert not any(path.exists() for path in legacy.paths(sandbox).values())
+        assert all(path.exists() for path in kept.paths(sandbox).values())
+        assert all(path.exists() for path in busy.paths(sandbox).values())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for manager in (kept, busy):
+            manager.remove(sandbox)
+            for base in manager.bases.values():
+                base.rmdir()
