@@ -1,20 +1,35 @@
-"""The audit log's hash chain.
+"""The audit log's keyed hash chain, and its checkpoints outside the database.
 
 Each tenant has its own chain: event n stores `prev_hash` (event n-1's hash, or GENESIS) and
-`hash = sha256(prev_hash + canonical_json(event))`. Changing, inserting or deleting a row
-breaks the chain from that row on, which `audit_verify` reports."""
+`hash = HMAC-SHA256(key, prev_hash + canonical_json(event))`. The key is not in the database
+(AIRLOCK_AUDIT_KEY, else derived from SECRET_KEY), so whoever can write the database can
+neither edit an event and re-hash the rest nor forge a new one. Events written before the chain
+was keyed carry a plain SHA-256 (`keyed` false); once a tenant's chain is keyed, an unkeyed
+event after a keyed one is a forgery. The database itself refuses UPDATE, DELETE and TRUNCATE
+of audit rows (migration 0002).
+
+What the database cannot prove is what it no longer holds. After every event the tenant's head
+(count, last hash) is appended, signed with the same key, to a checkpoint file outside the
+database (AIRLOCK_AUDIT_CHECKPOINTS) and written to the log; `audit_verify` compares each
+chain with its latest checkpoint, so the last events deleted, a whole chain deleted (or its
+tenant) and a chain re-hashed are each found and named (docs/architecture.md, "Audit")."""
 
 import hashlib
+import hmac
 import json
+import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from controlplane.models import AuditEvent, Tenant
 
 GENESIS = "0" * 64
+log = logging.getLogger("airlock.audit")
 
 
 def canonical_json(event: AuditEvent) -> str:
@@ -31,8 +46,19 @@ def canonical_json(event: AuditEvent) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+def _key() -> bytes:
+    if settings.AIRLOCK_AUDIT_KEY:
+        return settings.AIRLOCK_AUDIT_KEY.encode()
+    return hmac.new(settings.SECRET_KEY.encode(), b"airlock audit chain v1", hashlib.sha256).digest()
+
+
+def _mac(text: str) -> str:
+    return hmac.new(_key(), text.encode(), hashlib.sha256).hexdigest()
+
+
 def chain_hash(prev_hash: str, event: AuditEvent) -> str:
-    return hashlib.sha256((prev_hash + canonical_json(event)).encode()).hexdigest()
+    text = prev_hash + canonical_json(event)
+    return _mac(text) if event.keyed else hashlib.sha256(text.encode()).hexdigest()
 
 
 def actor_label(actor) -> str:
@@ -56,8 +82,9 @@ def user_of(actor):
 def audit_record(
     *, tenant: Tenant, actor, action: str, target=None, data: dict | None = None
 ) -> AuditEvent:
-    """Append one event to the tenant's chain. The tenant row is locked so that concurrent
-    writers take sequence numbers one at a time (SQLite serialises writers by itself)."""
+    """Append one event to the tenant's chain, and checkpoint the new head once it commits. The
+    tenant row is locked so that concurrent writers take sequence numbers one at a time (SQLite
+    serialises writers by itself)."""
     Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
     last = AuditEvent.objects.filter(tenant=tenant).order_by("-seq").values("seq", "hash").first()
     event = AuditEvent(
@@ -71,11 +98,69 @@ def audit_record(
         target_id=str(target.pk) if target is not None else "",
         data=json.loads(json.dumps(data or {}, default=str)),
         prev_hash=last["hash"] if last else GENESIS,
+        keyed=True,
     )
     event.hash = chain_hash(event.prev_hash, event)
     event.save()
+    transaction.on_commit(lambda: checkpoint(tenant, event.seq, event.hash))
     return event
 
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Checkpoint:
+    tenant_id: int
+    tenant: str
+    count: int
+    hash: str
+    at: str
+
+
+def checkpoint(tenant: Tenant, count: int, head: str) -> None:
+    """Append a signed line with the tenant's head to the checkpoint file, and log it. A failed
+    write is logged, never raised: the event it follows has committed."""
+    line = {"tenant_id": tenant.pk, "tenant": tenant.slug, "count": count, "hash": head,
+            "at": timezone.now().isoformat()}
+    text = json.dumps(line, sort_keys=True, separators=(",", ":"))
+    record = json.dumps({**line, "mac": _mac(text)}, sort_keys=True, separators=(",", ":")) + "\n"
+    log.info("audit checkpoint: tenant %s has %d events, head %s", tenant.slug, count, head)
+    try:
+        descriptor = os.open(settings.AIRLOCK_AUDIT_CHECKPOINTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                             0o600)
+        try:
+            os.write(descriptor, record.encode())  # one append: lines of concurrent writers never mix
+        finally:
+            os.close(descriptor)
+    except OSError as exc:
+        log.error("could not write the audit checkpoint to %s: %s", settings.AIRLOCK_AUDIT_CHECKPOINTS, exc)
+
+
+def checkpoints() -> tuple[dict[int, Checkpoint], list[int]]:
+    """The latest signed checkpoint of each tenant id, and the numbers of the file's lines whose
+    signature does not hold (a forged or altered line)."""
+    latest: dict[int, Checkpoint] = {}
+    forged: list[int] = []
+    try:
+        with open(settings.AIRLOCK_AUDIT_CHECKPOINTS, encoding="utf-8") as lines:
+            for number, text in enumerate(lines, 1):
+                try:
+                    line = json.loads(text)
+                    mac = line.pop("mac")
+                    valid = hmac.compare_digest(mac, _mac(json.dumps(line, sort_keys=True, separators=(",", ":"))))
+                    point = Checkpoint(line["tenant_id"], line["tenant"], line["count"], line["hash"], line["at"])
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    valid = False
+                if not valid:
+                    forged.append(number)
+                elif point.tenant_id not in latest or point.count >= latest[point.tenant_id].count:
+                    latest[point.tenant_id] = point
+    except FileNotFoundError:
+        pass
+    return latest, forged
+
+
+# -- verification ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class BrokenLink:
@@ -84,17 +169,42 @@ class BrokenLink:
     problem: str
 
 
-def audit_verify(tenant: Tenant) -> BrokenLink | None:
-    """The first broken link of the tenant's chain, or None when it is whole."""
-    prev_hash, expected_seq = GENESIS, 1
+_FROM_FILE = object()
+
+
+def audit_verify(tenant: Tenant, point=_FROM_FILE) -> BrokenLink | None:
+    """The first broken link of the tenant's chain, or None when it is whole and reaches its
+    latest checkpoint (`point`: a Checkpoint, None for none, or by default the file's)."""
+    if point is _FROM_FILE:
+        point = checkpoints()[0].get(tenant.pk)
+        point = point if point is not None and point.tenant == tenant.slug else None
+    prev_hash, expected_seq, keyed, at_checkpoint = GENESIS, 1, False, None
     for event in _events_in_order(tenant):
         if event.seq != expected_seq:
             return BrokenLink(tenant.slug, expected_seq, f"event #{expected_seq} is missing (found #{event.seq})")
         if event.prev_hash != prev_hash:
             return BrokenLink(tenant.slug, event.seq, "prev_hash does not match the previous event's hash")
-        if chain_hash(prev_hash, event) != event.hash:
+        if keyed and not event.keyed:
+            return BrokenLink(tenant.slug, event.seq, "the event is not keyed although earlier ones are: it was "
+                                                      "rewritten without the key")
+        if not hmac.compare_digest(chain_hash(prev_hash, event), event.hash):
             return BrokenLink(tenant.slug, event.seq, "the event's content does not match its hash")
-        prev_hash, expected_seq = event.hash, expected_seq + 1
+        if point is not None and event.seq == point.count:
+            at_checkpoint = event.hash
+        prev_hash, expected_seq, keyed = event.hash, expected_seq + 1, event.keyed
+    count = expected_seq - 1
+    if point is None:
+        return None
+    if count == 0:
+        return BrokenLink(tenant.slug, 1, f"the whole chain was deleted: the checkpoint of {point.at} recorded "
+                                          f"{point.count} events")
+    if count < point.count:
+        return BrokenLink(tenant.slug, count + 1, f"truncated: the chain ends at #{count}, the checkpoint of "
+                                                  f"{point.at} recorded {point.count} events (#{count + 1}-"
+                                                  f"#{point.count} were deleted)")
+    if at_checkpoint != point.hash:
+        return BrokenLink(tenant.slug, point.count, f"re-hashed: event #{point.count}'s hash is not the one "
+                                                    f"checkpointed at {point.at}")
     return None
 
 

@@ -112,8 +112,10 @@ class AppendOnlyQuerySet(models.QuerySet):
 
 
 class AuditEvent(models.Model):
-    """One change of security state. Append-only and hash-chained per tenant: `hash` covers the
-    previous event's hash and a canonical JSON of this event (see controlplane/audit.py)."""
+    """One change of security state. Append-only (the database refuses UPDATE and DELETE) and
+    chained per tenant: `hash` is an HMAC of the previous event's hash and a canonical JSON of
+    this event (`keyed`; a plain SHA-256 for events written before the chain was keyed; see
+    controlplane/audit.py)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="audit_events")
     seq = models.PositiveBigIntegerField()
@@ -128,6 +130,7 @@ class AuditEvent(models.Model):
     data = models.JSONField(default=dict)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
+    keyed = models.BooleanField(default=False)
 
     objects = AppendOnlyQuerySet.as_manager()
 

@@ -233,6 +233,10 @@ if AIRLOCK_RUNNER_DEAD_AFTER_S <= AIRLOCK_RUNNER_HEARTBEAT_S:
     )
 AIRLOCK_RUNNER_REAP_INTERVAL_S = env_int("AIRLOCK_RUNNER_REAP_INTERVAL_S", 60, minimum=1)
 AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
+# The audit chain's key (controlplane/audit.py): derived from SECRET_KEY unless given; and where
+# the chain heads are checkpointed, outside the database.
+AIRLOCK_AUDIT_KEY = env_str("AIRLOCK_AUDIT_KEY")
+AIRLOCK_AUDIT_CHECKPOINTS = Path(env_str("AIRLOCK_AUDIT_CHECKPOINTS") or DATA_DIR / "audit-checkpoints.jsonl")
 # Threads of the server for API requests that wait for a runner (a command with `wait`), and how
 # many of them one tenant may hold at once (sessions/admission.py).
 AIRLOCK_API_THREADS = env_int("AIRLOCK_API_THREADS", 64, minimum=2)

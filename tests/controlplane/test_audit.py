@@ -1,12 +1,15 @@
+import contextlib
+import hashlib
+import json
 import re
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.urls import reverse
 
-from controlplane.audit import audit_record, audit_verify
+from controlplane.audit import GENESIS, audit_record, audit_verify, canonical_json, chain_hash
 from controlplane.models import AuditEvent
 
 
@@ -96,8 +99,6 @@ def test_a_row_deleted_with_raw_sql_is_reported(alice, bob, acme):
 
 
 def test_a_rewritten_row_with_a_recomputed_hash_still_breaks_the_next_link(alice, bob, acme):
-    from controlplane.audit import chain_hash
-
     event = AuditEvent.objects.get(tenant=acme, seq=2)
     event.actor = "user:mallory"
     forged = chain_hash(event.prev_hash, event)
@@ -128,3 +129,137 @@ def test_a_bad_audit_filter_is_a_400_with_the_field_named(alice, client_for):
     response = client_for(alice).get(reverse("audit", args=["acme"]), {"since": "yesterday-ish"})
     assert response.status_code == 400
     assert b"since: Enter a valid date." in response.content
+
+
+@contextlib.contextmanager
+def audit_locked():
+    """The database as a deployment's: no row in controlplane_audit_unlock (see tests/conftest.py)."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM controlplane_audit_unlock")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO controlplane_audit_unlock (reason) VALUES ('the test suite flushes tables')")
+
+
+def refused(sql: str, params: list) -> bool:
+    try:
+        with transaction.atomic():  # (a refused statement aborts PostgreSQL's transaction: a savepoint keeps ours)
+            tamper(sql, params)
+    except DatabaseError as exc:
+        return "append-only" in str(exc)
+    return False
+
+
+@pytest.mark.parametrize("statement", [
+    "UPDATE {table} SET actor = 'user:mallory' WHERE tenant_id = %s",
+    "DELETE FROM {table} WHERE tenant_id = %s",
+    "DELETE FROM {table} WHERE tenant_id = %s AND seq = (SELECT max(seq) FROM {table} WHERE tenant_id = %s)",
+])
+def test_the_database_refuses_to_change_or_delete_audit_rows(statement, alice, bob, acme):
+    sql = statement.format(table=AuditEvent._meta.db_table)
+    with audit_locked():
+        assert refused(sql, [acme.pk] * sql.count("%s"))
+    assert actions(acme) == ["tenant.created", "member.added", "member.added"]  # nothing changed
+
+
+@pytest.mark.django_db(transaction=True)  # (PostgreSQL refuses any TRUNCATE after this transaction's inserts)
+def test_postgresql_refuses_truncate_too(alice, acme):
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no TRUNCATE")
+    with audit_locked():
+        assert refused(f"TRUNCATE {AuditEvent._meta.db_table} CASCADE", [])
+    assert AuditEvent.objects.filter(tenant=acme).count() == 2
+
+
+# Checkpoints are written once an event commits: these tests commit.
+CHECKPOINTED = pytest.mark.django_db(transaction=True)
+
+
+def sha_rewrite(tenant, first_seq: int, **changes) -> None:
+    """What someone with the database but not the key can do: change event `first_seq` and
+    re-chain it and every later one with plain SHA-256, as unkeyed events."""
+    table = AuditEvent._meta.db_table
+    events = list(AuditEvent.objects.filter(tenant=tenant).order_by("seq"))
+    prev = events[first_seq - 2].hash if first_seq > 1 else GENESIS
+    for event in events[first_seq - 1:]:
+        if event.seq == first_seq:
+            for field, value in changes.items():
+                setattr(event, field, value)
+        event.keyed = False
+        digest = hashlib.sha256((prev + canonical_json(event)).encode()).hexdigest()
+        tamper(f"UPDATE {table} SET actor = %s, prev_hash = %s, hash = %s, keyed = %s WHERE id = %s",  # noqa: S608
+               [event.actor, prev, digest, False, event.pk])
+        prev = digest
+
+
+def test_events_rewritten_without_the_key_are_found(alice, bob, acme):
+    sha_rewrite(acme, 2, actor="user:mallory")
+    link = audit_verify(acme)
+    assert link.seq == 2 and "rewritten without the key" in link.problem
+
+
+@CHECKPOINTED
+def test_a_whole_chain_rewritten_without_the_key_is_found_by_its_checkpoint(alice, bob, acme):
+    sha_rewrite(acme, 1, actor="user:mallory")  # every event unkeyed: the chain is consistent on its own
+    link = audit_verify(acme)
+    assert link.seq == 3 and link.problem.startswith("re-hashed: event #3's hash is not the one checkpointed")
+
+
+def test_a_row_edited_and_rehashed_with_a_guessed_key_is_found(alice, bob, acme, settings):
+    event = AuditEvent.objects.get(tenant=acme, seq=3)
+    event.actor = "user:mallory"
+    settings.AIRLOCK_AUDIT_KEY = "a-key-the-attacker-guessed"
+    forged = chain_hash(event.prev_hash, event)
+    settings.AIRLOCK_AUDIT_KEY = ""
+    tamper(f"UPDATE {AuditEvent._meta.db_table} SET actor = %s, hash = %s WHERE id = %s",  # noqa: S608
+           ["user:mallory", forged, event.pk])
+    assert audit_verify(acme).problem == "the event's content does not match its hash"
+
+
+@CHECKPOINTED
+def test_the_last_events_deleted_are_found_by_the_checkpoint(alice, bob, acme):
+    tamper(f"DELETE FROM {AuditEvent._meta.db_table} WHERE tenant_id = %s AND seq >= 2", [acme.pk])  # noqa: S608
+    link = audit_verify(acme)
+    assert (link.seq, link.problem.split(":")[0]) == (2, "truncated")
+    assert "#2-#3 were deleted" in link.problem
+
+
+@CHECKPOINTED
+def test_a_whole_chain_deleted_is_found(alice, bob, acme):
+    tamper(f"DELETE FROM {AuditEvent._meta.db_table} WHERE tenant_id = %s", [acme.pk])  # noqa: S608
+    assert audit_verify(acme).problem.startswith("the whole chain was deleted")
+
+
+@CHECKPOINTED
+def test_a_tenant_deleted_with_its_chain_is_reported_by_audit_verify(alice, charlie, acme):
+    tamper(f"DELETE FROM {AuditEvent._meta.db_table} WHERE tenant_id = %s", [acme.pk])  # noqa: S608
+    acme.delete()
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", stdout=out)
+    assert "ok      globex: 2 events, chain intact" in out.getvalue()
+    assert "BROKEN  acme: the tenant and its whole chain are gone from the database" in out.getvalue()
+
+
+@CHECKPOINTED
+def test_checkpoints_are_signed_lines_outside_the_database(alice, acme, settings, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="airlock.audit"):
+        audit_record(tenant=acme, actor=None, action="policy.published")
+    lines = settings.AIRLOCK_AUDIT_CHECKPOINTS.read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert (last["tenant"], last["count"]) == ("acme", 3)
+    assert last["hash"] == AuditEvent.objects.get(tenant=acme, seq=3).hash and len(last["mac"]) == 64
+    assert "audit checkpoint: tenant acme has 3 events" in caplog.text
+    # A line someone added to let a truncated chain pass is not signed by the deployment's key.
+    forged = {**last, "count": 2, "mac": "0" * 64}
+    with settings.AIRLOCK_AUDIT_CHECKPOINTS.open("a") as file:
+        file.write(json.dumps(forged) + "\n")
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", stdout=out)
+    assert f"line {len(lines) + 1} of the checkpoint file is not signed" in out.getvalue()
+    assert "ok      acme: 3 events, chain intact" in out.getvalue()

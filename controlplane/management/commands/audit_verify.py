@@ -1,11 +1,12 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.audit import audit_verify
+from controlplane.audit import audit_verify, checkpoints
 from controlplane.models import AuditEvent, Tenant
 
 
 class Command(BaseCommand):
-    help = "Verify every tenant's audit hash chain; report the first broken link and exit non-zero."
+    help = ("Verify every tenant's audit chain (its keyed hashes, and its head against the latest checkpoint "
+            "outside the database); report each broken chain and what broke it, and exit non-zero.")
 
     def add_arguments(self, parser):
         parser.add_argument("--tenant", help="verify only this tenant (slug)")
@@ -16,14 +17,29 @@ class Command(BaseCommand):
             tenants = tenants.filter(slug=tenant)
             if not tenants.exists():
                 raise CommandError(f"no tenant {tenant!r}")
+        latest, forged = checkpoints()
         broken = 0
+        for number in forged:
+            broken += 1
+            self.stdout.write(f"BROKEN  checkpoints: line {number} of the checkpoint file is not signed by this "
+                              "deployment's audit key: it was written or altered by someone else")
         for each in tenants:
-            link = audit_verify(each)
+            point = latest.get(each.pk)
+            if point is not None and point.tenant == each.slug:  # (an id a deleted tenant had is not its own)
+                del latest[each.pk]
+            else:
+                point = None
+            link = audit_verify(each, point)
             count = AuditEvent.objects.filter(tenant=each).count()
             if link is None:
                 self.stdout.write(f"ok      {each.slug}: {count} events, chain intact")
             else:
                 broken += 1
                 self.stdout.write(f"BROKEN  {link.tenant}: event #{link.seq}: {link.problem}")
+        if not tenant:  # checkpointed tenants the database no longer has
+            for point in sorted(latest.values(), key=lambda point: point.tenant):
+                broken += 1
+                self.stdout.write(f"BROKEN  {point.tenant}: the tenant and its whole chain are gone from the "
+                                  f"database (the checkpoint of {point.at} recorded {point.count} events)")
         if broken:
-            raise CommandError(f"{broken} tenant chain(s) broken", returncode=3)
+            raise CommandError(f"{broken} problem(s) with the audit log", returncode=3)
