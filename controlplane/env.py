@@ -74,6 +74,18 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def host_memory_mb() -> int:
+    """The host's memory (MemTotal), or 4096 where /proc/meminfo cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 4096
+
+
 def database_from_url(url: str, *, sqlite_default: str) -> dict:
     """Django DATABASES['default'] from DATABASE_URL: postgres://user:password@host:port/name, whose
     query options (?sslmode=require) are libpq's, or sqlite:////absolute/path."""

@@ -17,6 +17,7 @@ from controlplane.env import (
     env_int,
     env_list,
     env_str,
+    host_memory_mb,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -233,6 +234,14 @@ if AIRLOCK_RUNNER_DEAD_AFTER_S <= AIRLOCK_RUNNER_HEARTBEAT_S:
     )
 AIRLOCK_RUNNER_REAP_INTERVAL_S = env_int("AIRLOCK_RUNNER_REAP_INTERVAL_S", 60, minimum=1)
 AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
+# Admission (sessions/admission.py): what one tenant may have at once, and the host memory the
+# sessions of one runner may reserve (their policies' memory, /workspace and /tmp limits).
+AIRLOCK_MAX_SESSIONS_PER_TENANT = env_int("AIRLOCK_MAX_SESSIONS_PER_TENANT", 32, minimum=1)
+AIRLOCK_MAX_COMMANDS_PER_TENANT = env_int("AIRLOCK_MAX_COMMANDS_PER_TENANT", 32, minimum=1)
+AIRLOCK_RUNNER_MEMORY_MB = env_int("AIRLOCK_RUNNER_MEMORY_MB", host_memory_mb(), minimum=64)
+# How fast one session's output is read from its sandbox (sessions/runner/core.py): past it the
+# command waits on its own writes, so a flood costs the server (redaction, events) a bounded share.
+AIRLOCK_OUTPUT_BYTES_PER_S = env_int("AIRLOCK_OUTPUT_BYTES_PER_S", 512 * 1024, minimum=4096)
 # The audit chain's key (controlplane/audit.py): derived from SECRET_KEY unless given; and where
 # the chain heads are checkpointed, outside the database.
 AIRLOCK_AUDIT_KEY = env_str("AIRLOCK_AUDIT_KEY")
@@ -240,7 +249,7 @@ AIRLOCK_AUDIT_CHECKPOINTS = Path(env_str("AIRLOCK_AUDIT_CHECKPOINTS") or DATA_DI
 # Threads of the server for API requests that wait for a runner (a command with `wait`), and how
 # many of them one tenant may hold at once (sessions/admission.py).
 AIRLOCK_API_THREADS = env_int("AIRLOCK_API_THREADS", 64, minimum=2)
-AIRLOCK_API_WAITING_PER_TENANT = env_int("AIRLOCK_API_WAITING_PER_TENANT", max(1, AIRLOCK_API_THREADS // 4),
+AIRLOCK_API_WAITING_PER_TENANT = env_int("AIRLOCK_API_WAITING_PER_TENANT", max(1, AIRLOCK_API_THREADS // 2),
                                          minimum=1)
 # A session ends as `expired` at its policy's session_ttl_s, or after this long without a command.
 AIRLOCK_SESSION_IDLE_TIMEOUT_S = env_int("AIRLOCK_SESSION_IDLE_TIMEOUT_S", 900, minimum=10)

@@ -49,6 +49,8 @@ class Limits(Strict):
     command_timeout_s: int = Field(15, ge=1, le=3600)
     session_ttl_s: int = Field(1800, ge=60, le=7 * 86400)
     output_tail_chars: int = Field(8000, ge=100, le=1_000_000)
+    # A command that writes more (stdout and stderr together) is killed, ending `output_limit`.
+    output_mb: int = Field(16, ge=1, le=1024)
 
 
 def _check_patterns(patterns: list[str]) -> list[str]:

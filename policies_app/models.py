@@ -95,7 +95,7 @@ class DecisionRecord(models.Model):
     """Every decision, as made: what was asked (secrets redacted), by whom, under which version,
     and the outcome; with the shadow candidate's outcome beside it when there is one."""
 
-    KINDS = [("exec", "exec"), ("file", "file"), ("egress", "egress")]
+    KINDS = [("exec", "exec"), ("file", "file"), ("egress", "egress"), ("session", "session")]
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="+")
     session_id = models.UUIDField(null=True, blank=True)

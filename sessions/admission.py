@@ -1,16 +1,27 @@
-"""How much of the server one tenant may hold at once (docs/architecture.md, "Admission").
+"""How much one tenant may hold at once, and one runner (docs/architecture.md, "Admission").
 
-A call that waits for a runner (a session's sandbox being made or destroyed, a command with
-`wait`, a workspace file) holds one of the server's AIRLOCK_API_THREADS threads for as long as
-it waits. One tenant may hold at most AIRLOCK_API_WAITING_PER_TENANT of them: one more is
-answered 429 at once, and its thread is free again, so no tenant can take the whole pool and
-stall every other tenant's calls. The count is this process's, as the pool is."""
+- Waiting calls. A call that waits for a runner (a session's sandbox being made or destroyed, a
+  command with `wait`, a workspace file) holds one of the server's AIRLOCK_API_THREADS threads
+  for as long as it waits. One tenant may hold at most AIRLOCK_API_WAITING_PER_TENANT of them:
+  one more is answered 429 at once, and its thread is free again, so no tenant can take the
+  whole pool and stall every other tenant's calls. The count is this process's, as the pool is.
+- Sessions and commands. A tenant has at most AIRLOCK_MAX_SESSIONS_PER_TENANT active sessions
+  and AIRLOCK_MAX_COMMANDS_PER_TENANT commands queued or running; one more is refused 429, and
+  the refusal is recorded like a denial (reason `tenant_limit`), naming the limit. Counted in
+  the database, under the tenant's row lock: every server process sees the same count.
+- Memory. A runner's active sessions reserve their limits' memory (`reserved_mb`) out of its
+  AIRLOCK_RUNNER_MEMORY_MB; a session is placed only on a runner with room, and a runner refuses
+  one that would not fit, so busy sandboxes cannot together exhaust the host."""
 
 import contextlib
 import threading
 from collections import Counter
 
 from django.conf import settings
+from django.db import connection
+
+from sessions.models import ACTIVE_STATES, CommandRun, CommandState, Session
+from sessions.runtimes.base import Limits
 
 
 class Refused(Exception):
@@ -45,3 +56,44 @@ def waiting_call(tenant):
             _waiting[tenant.pk] -= 1
             if not _waiting[tenant.pk]:
                 del _waiting[tenant.pk]
+
+
+# -- what a tenant may have at once, and what a runner may hold -------------------------------
+
+TMP_MB = Limits().tmp_mb  # every sandbox's /tmp (not a policy setting)
+
+
+def reserved_mb(limits: dict) -> int:
+    """The host memory a session of these (policy document) limits may hold: its memory limit,
+    its /workspace and its /tmp (both in memory)."""
+    return limits["memory_mb"] + limits["disk_mb"] + TMP_MB
+
+
+def lock_tenant(tenant) -> None:
+    """Take the tenant's row for the rest of the transaction, so that counting what it has and
+    adding to it is one step (SQLite's writers are one at a time already)."""
+    if connection.features.has_select_for_update:
+        type(tenant).objects.select_for_update().filter(pk=tenant.pk).first()
+
+
+def sessions_refusal(tenant) -> str | None:
+    """Why the tenant may not open one more session now, or None."""
+    limit = settings.AIRLOCK_MAX_SESSIONS_PER_TENANT
+    if Session.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).count() >= limit:
+        return (f"tenant {tenant.slug} has {limit} active sessions, the most AIRLOCK_MAX_SESSIONS_PER_TENANT "
+                "allows")
+    return None
+
+
+def commands_refusal(tenant) -> str | None:
+    """Why the tenant may not queue one more command now, or None."""
+    limit = settings.AIRLOCK_MAX_COMMANDS_PER_TENANT
+    waiting = CommandRun.objects.filter(session__tenant=tenant, state__in=(CommandState.QUEUED, CommandState.RUNNING))
+    if waiting.count() >= limit:
+        return (f"tenant {tenant.slug} has {limit} commands queued or running, the most "
+                "AIRLOCK_MAX_COMMANDS_PER_TENANT allows")
+    return None
+
+
+LIMIT_HINT = ("wait for one to end and try again (the answer says Retry-After), or ask the deployment's operator to "
+              "raise the limit named")

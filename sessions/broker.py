@@ -12,7 +12,7 @@ from django.db import transaction
 
 from controlplane.redaction import configured_secrets, redact_data
 from policies_app.decisions import Evaluation, allow_file, decide, record_payload, refuse
-from sessions import services
+from sessions import admission, services
 from sessions.lifecycle import LifecycleError, not_live
 from sessions.models import CommandRun, Session
 from sessions.runner.client import runner_call, runner_send
@@ -41,8 +41,16 @@ def command_propose(*, session: Session, request: dict, wait: bool) -> CommandRu
         state, expires_at = (Session.objects.select_for_update().filter(pk=session.pk)
                              .values_list("state", "expires_at").get())
         why = not_live(state, expires_at)
+        over = None
+        if why is None:
+            admission.lock_tenant(session.tenant)
+            over = admission.commands_refusal(session.tenant)
         if why is not None:
             evaluation = _not_active(session, why, "exec", request)
+        elif over is not None:
+            evaluation = refuse(tenant=session.tenant, version=session.policy_version, kind="exec", request=request,
+                                reason_code="tenant_limit", message=over, hint=admission.LIMIT_HINT,
+                                session_id=session.pk, conversation_id=session.conversation_id, secrets=secrets)
         else:
             evaluation = decide(tenant=session.tenant, policy=session.policy_version.policy, request=request,
                                 session_id=session.pk, conversation_id=session.conversation_id,
@@ -50,7 +58,9 @@ def command_propose(*, session: Session, request: dict, wait: bool) -> CommandRu
         payload = _payload(evaluation)
         services.decision_event_on_commit(session=session, decision=payload,
                                           request=redact_data(request, secrets))
-        if not evaluation.decision.allowed:
+        if over is not None:
+            denied = BrokerError("too_many_commands", evaluation.decision.message, 429, payload)
+        elif not evaluation.decision.allowed:
             denied = BrokerError("command_denied", evaluation.decision.message, 403, payload)
         else:
             denied = None

@@ -34,11 +34,13 @@ from django.utils import timezone
 
 from controlplane.audit import audit_record
 from controlplane.models import Tenant
+from controlplane.redaction import configured_secrets
+from policies_app.decisions import record_payload, refuse
 from policies_app.models import Policy, PolicyVersion
-from sessions import services
+from sessions import admission, services
 from sessions.events import session_changed_on_commit
 from sessions.models import ACTIVE_STATES, CommandState, Runner, Session, SessionState, hash_token, new_token
-from sessions.runner.client import NoRunner, runner_call, runner_pick, runner_send
+from sessions.runner.client import NoCapacity, NoRunner, runner_call, runner_pick, runner_send
 from sessions.workspace import allowed_repositories
 
 CREATE_TIMEOUT_S = 120  # a gVisor sandbox with a large checkout can take seconds
@@ -97,16 +99,30 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
                              "admin can publish one", 409)
     if repository and repository not in allowed_repositories(tenant.slug):
         raise LifecycleError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)
+    reserve = admission.reserved_mb(version.document["limits"])
     try:
-        runner = runner_pick()
+        runner = runner_pick(reserve)
     except NoRunner as exc:
         raise LifecycleError("no_runner", str(exc), 503) from None
-    session, token = _create(tenant=tenant, conversation_id=conversation_id, version=version, runner=runner,
-                             created_by=actor_label, repository=repository)
-    reply = runner_call(runner.pk, {"type": "session.create", "session": str(session.pk), "tenant": tenant.pk},
-                        timeout_s=CREATE_TIMEOUT_S)
+    except NoCapacity as exc:
+        raise LifecycleError("no_capacity", str(exc), 503) from None
+    try:
+        session, token = _create(tenant=tenant, conversation_id=conversation_id, version=version, runner=runner,
+                                 created_by=actor_label, repository=repository, reserved_mb=reserve)
+    except _TenantLimit as exc:  # recorded like a denial, once nothing of the session was written
+        evaluation = refuse(tenant=tenant, version=version, kind="session", reason_code="tenant_limit",
+                            request={"policy": policy_name, "conversation_id": conversation_id},
+                            message=str(exc), hint=admission.LIMIT_HINT, conversation_id=conversation_id,
+                            secrets=configured_secrets())
+        error = LifecycleError("too_many_sessions", evaluation.decision.message, 429)
+        error.decision = record_payload(evaluation.record)
+        raise error from None
+    reply = runner_call(runner.pk, {"type": "session.create", "session": str(session.pk), "tenant": tenant.pk,
+                                    "reserved_mb": reserve}, timeout_s=CREATE_TIMEOUT_S)
     if not reply.get("ok"):
         session_finish(session_id=session.pk, state=SessionState.FAILED, reason=reply.get("detail", ""))
+        if reply.get("error") == "no_capacity":  # the runner's own count: placement raced another open
+            raise LifecycleError("no_capacity", reply["detail"], 503)
         chosen_by = (f"policy `{policy.name}` v{version.number} names it in runtime" if services.driver_of(version)[1]
                      else "the deployment's default, AIRLOCK_RUNTIME")
         raise LifecycleError("sandbox_unavailable", f"the sandbox could not start on the {session.driver} driver "
@@ -115,15 +131,23 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
     return Opened(session=session, token=token)
 
 
+class _TenantLimit(Exception):
+    pass
+
+
 @transaction.atomic
 def _create(*, tenant: Tenant, conversation_id: str, version: PolicyVersion, runner: Runner, created_by: str,
-            repository: str) -> tuple[Session, str]:
+            repository: str, reserved_mb: int) -> tuple[Session, str]:
+    admission.lock_tenant(tenant)
+    why = admission.sessions_refusal(tenant)
+    if why is not None:
+        raise _TenantLimit(why)
     token = new_token()
     now = timezone.now()
     session = Session.objects.create(
         tenant=tenant, conversation_id=conversation_id, policy_version=version, driver=services.driver_of(version)[0],
         runner=runner, token_hash=hash_token(token), workspace_source=repository, created_by=created_by[:100],
-        created_at=now, last_activity_at=now,
+        created_at=now, last_activity_at=now, reserved_mb=reserved_mb,
         expires_at=now + timedelta(seconds=version.document["limits"]["session_ttl_s"]),
     )
     session_changed_on_commit(session)

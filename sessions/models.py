@@ -57,6 +57,8 @@ class Session(models.Model):
     expires_at = models.DateTimeField()
     last_activity_at = models.DateTimeField(default=timezone.now)
     prepare_ms = models.PositiveIntegerField(null=True, blank=True)  # sandbox + workspace ready, in the runner
+    # The host memory its limits let it hold (memory, /workspace and /tmp), reserved on its runner.
+    reserved_mb = models.PositiveIntegerField(default=0)
     cache_hit = models.BooleanField(null=True)  # the root filesystem was in the local cache
     # The last resource figures the runner saw (CPU seconds, memory bytes, disk bytes).
     cpu_s = models.FloatField(null=True, blank=True)
@@ -119,7 +121,7 @@ class CommandRun(models.Model):
 
     class Meta:
         ordering = ["created_at"]
-        indexes = [models.Index(fields=["session", "created_at"])]
+        indexes = [models.Index(fields=["session", "created_at"]), models.Index(fields=["state"])]
 
     def __str__(self) -> str:
         return f"{' '.join(self.argv)[:60]} ({self.state})"
@@ -144,6 +146,8 @@ class Runner(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     stop_reason = models.CharField(max_length=200, blank=True)
     reaped = models.PositiveIntegerField(default=0, help_text="orphan sandboxes this runner destroyed")
+    memory_mb = models.PositiveIntegerField(default=0, help_text="host memory its sessions may reserve in all "
+                                            "(AIRLOCK_RUNNER_MEMORY_MB)")
 
     class Meta:
         ordering = ["-started_at"]

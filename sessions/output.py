@@ -14,6 +14,7 @@ are redacted as the one text they become."""
 
 import codecs
 import re
+import time
 
 from controlplane.redaction import REDACTED, may_hold_a_secret, partial_secret_start, redact, secret_spans, spans_across
 from sessions.runtimes.base import OutputTail
@@ -121,3 +122,23 @@ class CommandOutput:
     def keep(self, text: str) -> None:
         if text:
             self.tail.feed(text.encode())
+
+
+class OutputRate:
+    """How fast one command's output is taken from its sandbox: `per_s` bytes a second on
+    average, in bursts of up to BURST. `take(n)` says how long to wait before reading on; the
+    reader that waits leaves the sandbox's pipe full, so the command waits on its own writes
+    (backpressure), and a flood costs the server a bounded share of redaction and events."""
+
+    BURST = 256 * 1024
+
+    def __init__(self, per_s: int):
+        self.per_s = per_s
+        self.allowance = float(self.BURST)
+        self.last = time.monotonic()
+
+    def take(self, size: int) -> float:
+        now = time.monotonic()
+        self.allowance = min(self.BURST, self.allowance + (now - self.last) * self.per_s) - size
+        self.last = now
+        return max(0.0, -self.allowance / self.per_s)

@@ -9,7 +9,8 @@ from datetime import timedelta
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from sessions import layer
@@ -24,19 +25,31 @@ class NoRunner(Exception):
     pass
 
 
-def runner_pick() -> Runner:
-    """The live runner with the fewest active sessions. An in-memory channel layer reaches only
-    this process's own runner."""
+class NoCapacity(Exception):
+    pass
+
+
+def runner_pick(reserve_mb: int = 0) -> Runner:
+    """The live runner with the fewest active sessions among those whose memory has room for
+    `reserve_mb` more (sessions/admission.py). An in-memory channel layer reaches only this
+    process's own runner."""
     fresh = timezone.now() - timedelta(seconds=settings.AIRLOCK_RUNNER_DEAD_AFTER_S)
     runners = Runner.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=fresh)
     if isinstance(get_channel_layer(), InMemoryChannelLayer):
         local = local_runner()
         runners = runners.filter(pk=local.id if local else None)
-    runner = (runners.annotate(active=Count("sessions", filter=Q(sessions__state__in=ACTIVE_STATES)))
-              .order_by("active", "-heartbeat_at").first())
+    active = Q(sessions__state__in=ACTIVE_STATES)
+    runners = runners.annotate(active=Count("sessions", filter=active),
+                               reserved=Coalesce(Sum("sessions__reserved_mb", filter=active), 0))
+    runner = runners.filter(reserved__lte=F("memory_mb") - reserve_mb).order_by("active", "-heartbeat_at").first()
     if runner is None:
-        raise NoRunner("no runner is alive: the server starts its own unless AIRLOCK_EMBEDDED_RUNNER=0; "
-                       "otherwise start one with `manage.py runner`")
+        busiest = runners.order_by("-reserved").first()
+        if busiest is None:
+            raise NoRunner("no runner is alive: the server starts its own unless AIRLOCK_EMBEDDED_RUNNER=0; "
+                           "otherwise start one with `manage.py runner`")
+        raise NoCapacity(f"no runner has {reserve_mb} MB of memory left for this session's limits (its policy's "
+                         f"memory_mb and disk_mb, and /tmp): the runners' sessions reserve all of their "
+                         f"AIRLOCK_RUNNER_MEMORY_MB; end a session, or add a runner")
     return runner
 
 

@@ -29,7 +29,7 @@ from django.db import InterfaceError, OperationalError, connections
 from controlplane.redaction import configured_secrets
 from sessions import layer
 from sessions.models import SessionState, runner_channel
-from sessions.output import CommandOutput
+from sessions.output import CommandOutput, OutputRate
 from sessions.runner import housekeeping, local_runner, records, set_local_runner
 from sessions.runner.egress import SessionEgress
 from sessions.runner.outbox import Outbox
@@ -102,6 +102,7 @@ class LiveSession:
     stats_pending: bool = False
     snapshot_seqs: set = field(default_factory=set)  # sequence numbers snapshots stopped at
     egress: SessionEgress | None = None  # its proxy, when its policy allows egress
+    reserved_mb: int = 0  # of the runner's AIRLOCK_RUNNER_MEMORY_MB (sessions/admission.py)
 
 
 class RunnerService:
@@ -204,7 +205,14 @@ class RunnerService:
         if spec_info is None:
             return {"ok": False, "error": "session_not_active", "detail": "the session is not being created"}
         spec, driver_name, repository, egress = spec_info
-        live = LiveSession(id=session_id, tenant_id=message["tenant"], driver=None)
+        reserved = sum(other.reserved_mb for other in self.live.values())
+        need = message.get("reserved_mb", 0)
+        if reserved + need > settings.AIRLOCK_RUNNER_MEMORY_MB:  # exact here: placement raced, or limits grew
+            detail = (f"this runner's sessions reserve {reserved} of its {settings.AIRLOCK_RUNNER_MEMORY_MB} MB "
+                      f"(AIRLOCK_RUNNER_MEMORY_MB); this one needs {need} MB")
+            await self.db(records.session_finish, session_id=session_id, state=SessionState.FAILED, reason=detail)
+            return {"ok": False, "error": "no_capacity", "detail": detail}
+        live = LiveSession(id=session_id, tenant_id=message["tenant"], driver=None, reserved_mb=need)
         self.live[session_id] = live
         try:
             live.driver = get_driver(driver_name)
@@ -343,13 +351,17 @@ class RunnerService:
 
     def _exec(self, live: LiveSession, command_id: str, plan: records.CommandPlan,
               output: CommandOutput) -> ExitStatus:
-        """In a thread: run the command, hand each redacted piece of output to the loop."""
+        """In a thread: run the command, hand each redacted piece of output to the loop, at most
+        AIRLOCK_OUTPUT_BYTES_PER_S (sessions/output.py, OutputRate)."""
         status = None
+        rate = OutputRate(settings.AIRLOCK_OUTPUT_BYTES_PER_S)
         for item in live.driver.exec(live.sandbox, plan.argv, cwd=plan.cwd, timeout_s=plan.timeout_s):
             if isinstance(item, Chunk):
                 text = output.feed(item.stream, item.data)  # redacted here; kept in the tail on the loop
                 if text:
                     self.loop.call_soon_threadsafe(self.outbox.output, live, command_id, item.stream, text)
+                if wait := rate.take(len(item.data)):
+                    time.sleep(wait)
             elif isinstance(item, ExitStatus):
                 status = item
         return status

@@ -29,6 +29,7 @@ command_fail_queued = services.command_fail_queued
 def runner_register(*, runner_id: str, embedded: bool, drivers: list[str]) -> None:
     Runner.objects.update_or_create(pk=runner_id, defaults={
         "hostname": socket.gethostname()[:255], "pid": os.getpid(), "embedded": embedded, "drivers": drivers,
+        "memory_mb": settings.AIRLOCK_RUNNER_MEMORY_MB,
         "heartbeat_at": timezone.now(), "stopped_at": None, "stop_reason": "",
     })
 
@@ -114,7 +115,7 @@ def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str, EgressContext | 
     spec = SandboxSpec(
         tenant=session.tenant.slug, session_id=str(session.pk),
         limits=Limits(cpus=limits.cpus, memory_mb=limits.memory_mb, pids=limits.pids, disk_mb=limits.disk_mb,
-                      command_timeout_s=limits.command_timeout_s),
+                      command_timeout_s=limits.command_timeout_s, max_output_bytes=limits.output_mb * 2**20),
         env=dict(document.env.set), isolation="gvisor" if session.driver == "gvisor" else "standard",
     )
     return spec, session.driver, session.workspace_source, egress

@@ -38,7 +38,7 @@ class Limits:
     disk_mb: int = 256
     tmp_mb: int = 64
     command_timeout_s: float = 15.0
-    max_output_bytes: int = 1 << 30  # past this the command is killed with reason output_limit
+    max_output_bytes: int = 16 << 20  # past this the command is killed with reason output_limit
 
 
 @dataclass(frozen=True)

@@ -348,7 +348,8 @@ def _rss_bytes() -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_200_mb_of_output_does_not_grow_the_runners_memory(driver, sandbox):
+def test_200_mb_of_output_does_not_grow_the_runners_memory(driver, make_sandbox):
+    sandbox = make_sandbox(max_output_bytes=2**30)  # past the default cap (16 MiB) on purpose
     code = "import sys\nblock = b'x' * 2**20 + b'\\n'\nfor _ in range(200):\n    sys.stdout.buffer.write(block)\n"
     output, received, peak = CommandOutput(tail_chars=8000), 0, 0  # what the runner keeps of a command
     before = _rss_bytes()

@@ -60,9 +60,8 @@ def test_the_kernels_riskiest_calls_are_refused(driver, sandbox):
     assert found["socket_inet"] == found["socket_unix"] == "ok"  # what a program needs still works
 
 
+@pytest.mark.parametrize("driver", ["bubblewrap", "docker"], indirect=True)  # gVisor: the next test
 def test_bubblewrap_and_docker_sandboxes_run_under_airlocks_seccomp_filter(driver, sandbox):
-    if driver.name == "gvisor":
-        pytest.skip("gVisor's calls reach its own kernel (its host filter: the next test)")
     found = probe(driver, sandbox)
     assert found["seccomp"] == ["2"]  # filtered
     assert found["io_uring_setup"] == found["clone3"] == "ENOSYS"  # as on a kernel without them: programs fall back
@@ -72,9 +71,8 @@ def test_bubblewrap_and_docker_sandboxes_run_under_airlocks_seccomp_filter(drive
     assert found["socket_netlink_route"] == "ok"  # glibc reads interfaces and addresses through it
 
 
+@pytest.mark.parametrize("driver", ["gvisor"], indirect=True)
 def test_gvisors_kernel_runs_under_its_own_host_filter(driver, sandbox):
-    if driver.name != "gvisor":
-        pytest.skip("gVisor only")
     pid = driver.client.containers.get(sandbox.handle["container"]).attrs["State"]["Pid"]
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     assert status["Seccomp"].strip() == "2"  # runsc's sandbox process, seen from the host

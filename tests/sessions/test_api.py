@@ -475,3 +475,81 @@ def test_a_secret_split_across_stdout_and_stderr_is_never_stored(redacting_agent
     stored = CommandRun.objects.get(pk=body["id"]).output
     assert SPLIT_SECRET not in stored and SPLIT_SECRET not in body["output"]
     assert stored == "[redacted]"
+
+
+def test_a_tenant_opens_at_most_its_limit_of_sessions_and_the_refusal_is_recorded(agent, acme, globex, make_key,
+                                                                                   api, settings):
+    settings.AIRLOCK_MAX_SESSIONS_PER_TENANT = 2
+    first, _ = agent.open(), agent.open()
+    refused = agent.client.post("/api/v1/sessions", {"conversation_id": "conv-1"}, content_type="application/json")
+    assert refused.status_code == 429 and refused["Retry-After"] == "1"
+    body = refused.json()
+    assert body["error"] == "too_many_sessions" and "AIRLOCK_MAX_SESSIONS_PER_TENANT" in body["detail"]
+    assert body["decision"]["reason_code"] == "tenant_limit" and body["decision"]["hint"]
+    record = DecisionRecord.objects.get(pk=body["decision"]["id"])
+    assert (record.tenant, record.kind, record.allowed) == (acme, "session", False)
+    assert Session.objects.filter(tenant=acme).count() == 2  # nothing of the refused one was written
+    publish(globex)
+    Agent(api, make_key(globex).key).open()  # another tenant's count is its own
+    assert agent.as_session(first).delete(f"/api/v1/sessions/{first['id']}").status_code == 200
+    agent.open()  # room again
+
+
+def test_a_tenant_queues_at_most_its_limit_of_commands(agent, acme, settings):
+    settings.AIRLOCK_MAX_COMMANDS_PER_TENANT = 1
+    busy, other = agent.open(), agent.open()
+    assert agent.run(busy, "sleep", "3", wait=False).status_code == 202
+    refused = agent.run(other, "printf", "x")
+    assert refused.status_code == 429 and refused.json()["error"] == "too_many_commands"
+    assert refused.json()["decision"]["reason_code"] == "tenant_limit"
+    assert "AIRLOCK_MAX_COMMANDS_PER_TENANT" in refused.json()["detail"]
+    assert not CommandRun.objects.filter(session_id=other["id"]).exists()
+    deadline = time.monotonic() + 20
+    while CommandRun.objects.filter(session_id=busy["id"], state__in=["queued", "running"]).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert agent.run(other, "printf", "x").json()["output"] == "x"  # the slot is free again
+
+
+def test_sessions_are_placed_only_where_their_memory_fits(agent, acme_policy, runner, settings):
+    from sessions.admission import reserved_mb
+    from sessions.models import Runner
+
+    need = reserved_mb(acme_policy.document["limits"])
+    Runner.objects.filter(pk=runner.id).update(memory_mb=need + need // 2)  # room for one
+    settings.AIRLOCK_RUNNER_MEMORY_MB = need + need // 2
+    agent.open()
+    refused = agent.client.post("/api/v1/sessions", {"conversation_id": "c"}, content_type="application/json")
+    assert refused.status_code == 503 and refused.json()["error"] == "no_capacity"
+    assert "AIRLOCK_RUNNER_MEMORY_MB" in refused.json()["detail"]
+    # Placement that raced (the row says there is room): the runner itself refuses.
+    Runner.objects.filter(pk=runner.id).update(memory_mb=10 * need)
+    raced = agent.client.post("/api/v1/sessions", {"conversation_id": "c"}, content_type="application/json")
+    assert raced.status_code == 503 and raced.json()["error"] == "no_capacity"
+    assert "AIRLOCK_RUNNER_MEMORY_MB" in raced.json()["detail"]
+
+
+FLOOD = b"import sys\nfor _ in range(400):\n    sys.stdout.write('password=hunter2hunter2 ' * 100 + '\\n')\n"
+
+
+def test_a_flooding_command_is_read_at_the_sessions_output_rate(agent, settings):
+    """About 1 MB of output read at 256 KiB/s: the command waits on its own writes (its pipe stays
+    full), so it takes at least the time the rate gives it."""
+    settings.AIRLOCK_OUTPUT_BYTES_PER_S = 256 * 1024
+    session = agent.open()
+    assert agent.put(session, "flood.py", FLOOD).status_code == 204
+    body = agent.run(session, "python3", "flood.py").json()
+    assert body["exit_code"] == 0 and body["output_bytes"] > 900_000
+    paced = (body["output_bytes"] - 256 * 1024) / (256 * 1024)  # seconds past the first burst
+    assert body["duration_ms"] >= 0.8 * paced * 1000, body["duration_ms"]
+    assert "hunter2" not in body["output"]
+
+
+def test_the_default_output_cap_ends_a_command_at_16_mib(agent, settings):
+    settings.AIRLOCK_OUTPUT_BYTES_PER_S = 1 << 30  # not paced: the cap is what this test is about
+    session = agent.open()
+    script = b"import sys\nblock = 'y' * 65535 + '\\n'\nwhile True:\n    sys.stdout.write(block)\n"
+    assert agent.put(session, "endless.py", script).status_code == 204
+    body = agent.run(session, "python3", "endless.py").json()
+    assert body["reason"] == "output_limit" and body["exit_code"] is None
+    assert 15 * 2**20 <= body["output_bytes"] <= 16 * 2**20 + 65536  # (the read that crossed it counts)

@@ -112,6 +112,7 @@ def cluster(sandboxes):
         "SECRET_KEY": "cluster-test-secret-key-" + "x" * 40, "REDIS_URL": "redis://{}:{}/0".format(*REDIS),
         "AIRLOCK_CHANNEL_PREFIX": f"airlock-test-{uuid.uuid4().hex[:8]}", "AIRLOCK_EMBEDDED_RUNNER": "0",
         "AIRLOCK_RUNNER_HEARTBEAT_S": "1", "AIRLOCK_RUNNER_DEAD_AFTER_S": "3",
+        "AIRLOCK_OUTPUT_BYTES_PER_S": str(2**30),  # unpaced: the floods below test the WebSocket's backpressure
     }
     _manage(env, "migrate", "--no-input", "-v", "0")
     key = re.search(r"alk_\S+", _manage(env, "demo_setup")).group(0)
@@ -173,7 +174,7 @@ def test_a_runner_killed_mid_command_leaves_its_session_failed_and_no_sandbox(cl
     assert status == 201 and cluster.owner(fresh)[1] in cluster.runners
 
 
-SPEW = b"import sys\nline = 'x' * 999 + '\\n'\nfor _ in range(30_000):\n    sys.stdout.write(line)\n"
+SPEW = b"import sys\nline = 'x' * 999 + '\\n'\nfor _ in range(15_000):\n    sys.stdout.write(line)\n"  # 15 MB
 
 
 def _rss_mb(pid: int) -> float:
@@ -192,13 +193,13 @@ def test_a_subscriber_that_stops_reading_is_told_it_lagged_and_the_server_does_n
                  max_size=None) as ws:
         time.sleep(1)
         before = _rss_mb(cluster.server.pid)
-        for _ in range(3):  # 90 MB of output while the subscriber reads nothing
+        for _ in range(6):  # 90 MB of output (each command within the 16 MiB cap) while the subscriber reads nothing
             status, run = cluster.call("POST", f"{path}/commands", {"bin": "python3", "args": ["spew.py"],
                                                                      "wait": True}, token=session["token"])
-            assert status == 200 and run["exit_code"] == 0 and run["output_bytes"] == 30_000_000
+            assert status == 200 and run["exit_code"] == 0 and run["output_bytes"] == 15_000_000
         grown = _rss_mb(cluster.server.pid) - before
         events = []
-        while sum(event["event"] == "command.exited" for event in events) < 3:
+        while sum(event["event"] == "command.exited" for event in events) < 6:
             events.append(json.loads(ws.recv(timeout=20)))
     assert grown < 48, f"the server grew by {grown:.0f} MB for a subscriber that read nothing"
     lagged = [event["missed"] for event in events if event["event"] == "lagged"]

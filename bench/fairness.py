@@ -1,0 +1,202 @@
+"""One tenant's load against another's latency. Tenant A's session create and exec round trip
+(p50 / p95) alone, then while tenant B attacks: a FIFO read by 64 parallel callers (and reads
+queued behind a long command), an output flood (lines full of `password=` to redact), and 50
+sessions opened at once, each running commands. Same server, same run; the ratio of A's p95 under
+each attack to A's p95 alone is printed with its verdict (target <= 2x).
+
+    .venv/bin/python bench/fairness.py [--runs N] [--seconds S]
+
+Starts its own server like `make run` (fresh data directory, embedded runner, bubblewrap).
+Traffic goes to loopback only."""
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from figures import host_notes, percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
+from server import Api, start_server  # noqa: E402
+
+POLICY = """limits: {command_timeout_s: 60, output_tail_chars: 4000}
+commands:
+  - {id: "true", bin: "true", max_args: 0}
+  - {id: python3, bin: python3, deny_args: ["^-"]}
+  - {id: sleep, bin: sleep, allow_args: ["^[0-9]+$"]}
+"""
+SEED_B = ("import os; from controlplane import services as c; from controlplane.models import ApiKeyScope; "
+          "from policies_app import services as s; t = c.tenant_create(slug='tenant-b', name='Tenant B'); "
+          "p = s.policy_create(tenant=t, name='bench', actor=None); "
+          "v = s.version_create(policy=p, actor=None, source=os.environ['BENCH_POLICY']); "
+          "s.version_publish(version=v, actor=None, note='bench'); "
+          "print(c.api_key_create(tenant=t, name='b', scopes=[ApiKeyScope.SESSIONS], actor=None).key)")
+MKFIFO = b"import os\nos.mkfifo('pipe')\n"
+FLOOD = (b"import sys\nline = 'password=hunter2hunter2 token=abcdefabcdef ' * 40 + '\\n'\n"
+         b"while True:\n    sys.stdout.write(line)\n")
+LOOP = b"import time\nfor _ in range(20):\n    time.sleep(0.01)\n"
+
+
+def tenant_a(url: str, key: str, runs: int) -> tuple[list[float], list[float]]:
+    """A's figures: `runs` session creates (each ended), and `runs` exec round trips of `true`."""
+    api = Api(url, key)
+    creates = []
+    for _ in range(max(5, runs // 4)):
+        started = time.perf_counter()
+        session = api.open("bench")
+        creates.append((time.perf_counter() - started) * 1000)
+        api.end(session)
+    session = api.open("bench")
+    execs = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        body = api.run(session, "true")
+        execs.append((time.perf_counter() - started) * 1000)
+        assert body["exit_code"] == 0, body
+    api.end(session)
+    return creates, execs
+
+
+class Attack:
+    """Tenant B's load on threads of its own, from start() until stop()."""
+
+    def __init__(self, url: str, key: str):
+        self.url, self.key = url, key
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.answers: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def count(self, status: int) -> None:
+        with self.lock:
+            self.answers[status] = self.answers.get(status, 0) + 1
+
+    def spawn(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def stop(self) -> str:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(120)
+        return ", ".join(f"{count} x {status}" for status, count in sorted(self.answers.items()))
+
+
+def fifo_attack(attack: Attack) -> None:
+    api = Api(attack.url, attack.key)
+    fifo, busy = api.open("bench"), api.open("bench")
+    assert api.call("PUT", f"/api/v1/sessions/{fifo['id']}/files/mkfifo.py", raw=MKFIFO, token=fifo["token"])[0] == 204
+    api.run(fifo, "python3", "mkfifo.py")
+    api.run(busy, "sleep", "50", wait=False)  # reads of this session queue behind it
+
+    def reader(session: dict, path: str) -> None:
+        mine = Api(attack.url, attack.key)
+        while not attack.stopping.is_set():
+            status, _ = mine.call("GET", f"/api/v1/sessions/{session['id']}/files/{path}", token=session["token"])
+            attack.count(status)
+            if status == 429:
+                time.sleep(0.05)
+
+    for index in range(64):
+        attack.spawn(reader, *((fifo, "pipe") if index % 2 else (busy, "anything")))
+    attack.sessions = [fifo, busy]
+
+
+def flood_attack(attack: Attack) -> None:
+    api = Api(attack.url, attack.key)
+    attack.sessions = [api.open("bench") for _ in range(4)]
+    for session in attack.sessions:
+        api.call("PUT", f"/api/v1/sessions/{session['id']}/files/flood.py", raw=FLOOD, token=session["token"])
+
+        def flood(session=session) -> None:
+            mine = Api(attack.url, attack.key)
+            while not attack.stopping.is_set():
+                attack.count(mine.call("POST", f"/api/v1/sessions/{session['id']}/commands",
+                                       {"bin": "python3", "args": ["flood.py"], "wait": True, "timeout_s": 5},
+                                       token=session["token"])[0])
+
+        attack.spawn(flood)
+
+
+def sessions_attack(attack: Attack) -> None:
+    attack.sessions = []
+
+    def agent() -> None:
+        mine = Api(attack.url, attack.key)
+        status, session = mine.call("POST", "/api/v1/sessions", {"conversation_id": "b", "policy": "bench"})
+        attack.count(status)
+        if status != 201:
+            return
+        with attack.lock:
+            attack.sessions.append(session)
+        mine.call("PUT", f"/api/v1/sessions/{session['id']}/files/loop.py", raw=LOOP, token=session["token"])
+        while not attack.stopping.is_set():
+            attack.count(mine.call("POST", f"/api/v1/sessions/{session['id']}/commands",
+                                   {"bin": "python3", "args": ["loop.py"], "wait": True}, token=session["token"])[0])
+
+    for _ in range(50):
+        attack.spawn(agent)
+
+
+def end_all(url: str, key: str, sessions: list[dict]) -> None:
+    api = Api(url, key)
+    for session in sessions:
+        with contextlib.suppress(Exception):
+            api.end(session)
+
+
+def line(name: str, samples: list[float], alone: list[float] | None = None) -> str:
+    p50, p95 = percentiles(samples)
+    text = f"  {name:<44} p50 {p50:7.1f} ms   p95 {p95:7.1f} ms   (n={len(samples)})"
+    if alone is not None:
+        ratio = p95 / percentiles(alone)[1]
+        text += f"   {ratio:.2f}x alone  {'ok' if ratio <= 2 else 'ABOVE target 2.00x'}"
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--seconds", type=float, default=3, help="of each attack before A is measured")
+    options = parser.parse_args()
+    url, key_a, server, data = start_server(POLICY)
+    env = {**{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}},
+           "AIRLOCK_DATA_DIR": str(data), "SECRET_KEY": "bench-only-" + "x" * 60, "BENCH_POLICY": POLICY}
+    seeded = subprocess.run([sys.executable, "manage.py", "shell", "-c", SEED_B], cwd=ROOT, env=env, check=True,
+                            capture_output=True, text=True)
+    key_b = re.search(r"alk_\S+", seeded.stdout).group(0)
+    try:
+        Api(url, key_a).open("bench")  # the first request starts the embedded runner: not measured
+        tenant_a(url, key_a, 10)  # warm-up
+        print(f"Fairness benchmark against {url} (bubblewrap); {host_notes()}")
+        alone_create, alone_exec = tenant_a(url, key_a, options.runs)
+        print(line("A alone: session create", alone_create))
+        print(line("A alone: exec `true` round trip", alone_exec))
+        attacks = (("B's FIFO reads (64 callers)", fifo_attack), ("B's output flood (4 sessions)", flood_attack),
+                   ("B's 50 sessions at once", sessions_attack))
+        for name, start in attacks:
+            attack = Attack(url, key_b)
+            start(attack)
+            time.sleep(options.seconds)
+            create, execs = tenant_a(url, key_a, options.runs)
+            answers = attack.stop()
+            end_all(url, key_b, getattr(attack, "sessions", []))
+            print(f"  while {name}: B's answers {answers}")
+            print(line("    A: session create", create, alone_create))
+            print(line("    A: exec `true` round trip", execs, alone_exec))
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
