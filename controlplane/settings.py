@@ -239,9 +239,11 @@ AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
 AIRLOCK_MAX_SESSIONS_PER_TENANT = env_int("AIRLOCK_MAX_SESSIONS_PER_TENANT", 32, minimum=1)
 AIRLOCK_MAX_COMMANDS_PER_TENANT = env_int("AIRLOCK_MAX_COMMANDS_PER_TENANT", 32, minimum=1)
 AIRLOCK_RUNNER_MEMORY_MB = env_int("AIRLOCK_RUNNER_MEMORY_MB", host_memory_mb(), minimum=64)
-# How fast one session's output is read from its sandbox (sessions/runner/core.py): past it the
-# command waits on its own writes, so a flood costs the server (redaction, events) a bounded share.
-AIRLOCK_OUTPUT_BYTES_PER_S = env_int("AIRLOCK_OUTPUT_BYTES_PER_S", 512 * 1024, minimum=4096)
+AIRLOCK_TENANT_MEMORY_SHARE = env_float("AIRLOCK_TENANT_MEMORY_SHARE", 0.5, minimum=0.01)
+# How fast one tenant's output is read from its sandboxes on a runner (sessions/runner/core.py):
+# past it its commands wait on their own writes, so a flood costs the server (redaction, events)
+# a bounded share.
+AIRLOCK_OUTPUT_BYTES_PER_S = env_int("AIRLOCK_OUTPUT_BYTES_PER_S", 256 * 1024, minimum=4096)
 # The audit chain's key (controlplane/audit.py): derived from SECRET_KEY unless given; and where
 # the chain heads are checkpointed, outside the database.
 AIRLOCK_AUDIT_KEY = env_str("AIRLOCK_AUDIT_KEY")

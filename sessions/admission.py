@@ -11,16 +11,22 @@
   the database, under the tenant's row lock: every server process sees the same count.
 - Memory. A runner's active sessions reserve their limits' memory (`reserved_mb`) out of its
   AIRLOCK_RUNNER_MEMORY_MB; a session is placed only on a runner with room, and a runner refuses
-  one that would not fit, so busy sandboxes cannot together exhaust the host."""
+  one that would not fit, so busy sandboxes cannot together exhaust the host. One tenant's
+  sessions reserve at most AIRLOCK_TENANT_MEMORY_SHARE of all live runners' memory, so no tenant
+  can leave the others without room."""
 
 import contextlib
 import threading
 from collections import Counter
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from sessions.models import ACTIVE_STATES, CommandRun, CommandState, Session
+from sessions.models import ACTIVE_STATES, CommandRun, CommandState, Runner, Session
 from sessions.runtimes.base import Limits
 
 
@@ -76,12 +82,23 @@ def lock_tenant(tenant) -> None:
         type(tenant).objects.select_for_update().filter(pk=tenant.pk).first()
 
 
-def sessions_refusal(tenant) -> str | None:
-    """Why the tenant may not open one more session now, or None."""
+def sessions_refusal(tenant, need_mb: int) -> str | None:
+    """Why the tenant may not open one more session of `need_mb` now, or None: it has its most
+    active sessions, or they would reserve more than its share of the live runners' memory (so
+    that no tenant's sessions can leave the others no room)."""
+    active = Session.objects.filter(tenant=tenant, state__in=ACTIVE_STATES)
     limit = settings.AIRLOCK_MAX_SESSIONS_PER_TENANT
-    if Session.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).count() >= limit:
+    if active.count() >= limit:
         return (f"tenant {tenant.slug} has {limit} active sessions, the most AIRLOCK_MAX_SESSIONS_PER_TENANT "
                 "allows")
+    fresh = timezone.now() - timedelta(seconds=settings.AIRLOCK_RUNNER_DEAD_AFTER_S)
+    memory = Runner.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=fresh).aggregate(
+        total=Coalesce(Sum("memory_mb"), 0))["total"]
+    share = int(memory * settings.AIRLOCK_TENANT_MEMORY_SHARE)
+    held = active.aggregate(held=Coalesce(Sum("reserved_mb"), 0))["held"]
+    if held + need_mb > share:
+        return (f"tenant {tenant.slug}'s sessions reserve {held} MB and this one needs {need_mb} MB: more than the "
+                f"{share} MB one tenant may hold (AIRLOCK_TENANT_MEMORY_SHARE of the runners' {memory} MB)")
     return None
 
 

@@ -139,7 +139,7 @@ class _TenantLimit(Exception):
 def _create(*, tenant: Tenant, conversation_id: str, version: PolicyVersion, runner: Runner, created_by: str,
             repository: str, reserved_mb: int) -> tuple[Session, str]:
     admission.lock_tenant(tenant)
-    why = admission.sessions_refusal(tenant)
+    why = admission.sessions_refusal(tenant, reserved_mb)
     if why is not None:
         raise _TenantLimit(why)
     token = new_token()

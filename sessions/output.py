@@ -14,6 +14,7 @@ are redacted as the one text they become."""
 
 import codecs
 import re
+import threading
 import time
 
 from controlplane.redaction import REDACTED, may_hold_a_secret, partial_secret_start, redact, secret_spans, spans_across
@@ -125,10 +126,11 @@ class CommandOutput:
 
 
 class OutputRate:
-    """How fast one command's output is taken from its sandbox: `per_s` bytes a second on
-    average, in bursts of up to BURST. `take(n)` says how long to wait before reading on; the
-    reader that waits leaves the sandbox's pipe full, so the command waits on its own writes
-    (backpressure), and a flood costs the server a bounded share of redaction and events."""
+    """How fast one tenant's output is taken from its sandboxes: `per_s` bytes a second on
+    average, in bursts of up to BURST, shared by all its commands (thread-safe). `take(n)` says
+    how long to wait before reading on; the reader that waits leaves the sandbox's pipe full, so
+    the command waits on its own writes (backpressure), and a flood costs the server a bounded
+    share of redaction and events, however many sessions it comes from."""
 
     BURST = 256 * 1024
 
@@ -136,9 +138,11 @@ class OutputRate:
         self.per_s = per_s
         self.allowance = float(self.BURST)
         self.last = time.monotonic()
+        self._lock = threading.Lock()
 
     def take(self, size: int) -> float:
-        now = time.monotonic()
-        self.allowance = min(self.BURST, self.allowance + (now - self.last) * self.per_s) - size
-        self.last = now
-        return max(0.0, -self.allowance / self.per_s)
+        with self._lock:
+            now = time.monotonic()
+            self.allowance = min(self.BURST, self.allowance + (now - self.last) * self.per_s) - size
+            self.last = now
+            return max(0.0, -self.allowance / self.per_s)

@@ -126,6 +126,8 @@ class RunnerService:
         self._tasks: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
         self.last_reap = 0.0
+        self._rates: dict[int, OutputRate] = {}  # one per tenant: its sessions share it
+        self._rates_lock = threading.Lock()
 
     # -- life ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -352,9 +354,9 @@ class RunnerService:
     def _exec(self, live: LiveSession, command_id: str, plan: records.CommandPlan,
               output: CommandOutput) -> ExitStatus:
         """In a thread: run the command, hand each redacted piece of output to the loop, at most
-        AIRLOCK_OUTPUT_BYTES_PER_S (sessions/output.py, OutputRate)."""
+        AIRLOCK_OUTPUT_BYTES_PER_S for the session's tenant (sessions/output.py, OutputRate)."""
         status = None
-        rate = OutputRate(settings.AIRLOCK_OUTPUT_BYTES_PER_S)
+        rate = self._output_rate(live.tenant_id)
         for item in live.driver.exec(live.sandbox, plan.argv, cwd=plan.cwd, timeout_s=plan.timeout_s):
             if isinstance(item, Chunk):
                 text = output.feed(item.stream, item.data)  # redacted here; kept in the tail on the loop
@@ -365,6 +367,13 @@ class RunnerService:
             elif isinstance(item, ExitStatus):
                 status = item
         return status
+
+    def _output_rate(self, tenant_id: int) -> OutputRate:
+        with self._rates_lock:
+            rate = self._rates.get(tenant_id)
+            if rate is None or rate.per_s != settings.AIRLOCK_OUTPUT_BYTES_PER_S:
+                rate = self._rates[tenant_id] = OutputRate(settings.AIRLOCK_OUTPUT_BYTES_PER_S)
+            return rate
 
     async def release(self, session_id: str) -> None:
         """Stop everything a session runs and destroy its sandbox (its row has already ended).

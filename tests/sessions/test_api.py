@@ -518,6 +518,7 @@ def test_sessions_are_placed_only_where_their_memory_fits(agent, acme_policy, ru
     need = reserved_mb(acme_policy.document["limits"])
     Runner.objects.filter(pk=runner.id).update(memory_mb=need + need // 2)  # room for one
     settings.AIRLOCK_RUNNER_MEMORY_MB = need + need // 2
+    settings.AIRLOCK_TENANT_MEMORY_SHARE = 1.0  # the runner's room is the question here, not the tenant's share
     agent.open()
     refused = agent.client.post("/api/v1/sessions", {"conversation_id": "c"}, content_type="application/json")
     assert refused.status_code == 503 and refused.json()["error"] == "no_capacity"
@@ -553,3 +554,18 @@ def test_the_default_output_cap_ends_a_command_at_16_mib(agent, settings):
     body = agent.run(session, "python3", "endless.py").json()
     assert body["reason"] == "output_limit" and body["exit_code"] is None
     assert 15 * 2**20 <= body["output_bytes"] <= 16 * 2**20 + 65536  # (the read that crossed it counts)
+
+
+def test_a_tenant_reserves_at_most_its_share_of_the_runners_memory(agent, acme_policy, globex, make_key, api,
+                                                                   runner, settings):
+    from sessions.admission import reserved_mb
+    from sessions.models import Runner
+
+    memory = Runner.objects.get(pk=runner.id).memory_mb
+    settings.AIRLOCK_TENANT_MEMORY_SHARE = 1.5 * reserved_mb(acme_policy.document["limits"]) / memory  # one fits
+    agent.open()
+    refused = agent.client.post("/api/v1/sessions", {"conversation_id": "c"}, content_type="application/json")
+    assert refused.status_code == 429 and refused.json()["decision"]["reason_code"] == "tenant_limit"
+    assert "AIRLOCK_TENANT_MEMORY_SHARE" in refused.json()["detail"]
+    publish(globex)
+    Agent(api, make_key(globex).key).open()  # the room it could not take is another tenant's
