@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--seconds", type=float, default=3, help="of each attack before A is measured")
     options = parser.parse_args()
-    url, key_a, server, data = start_server(POLICY)
+    url, key_a, server, data = start_server(POLICY, admission=True)  # the deployment's own limits
     env = {**{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}},
            "AIRLOCK_DATA_DIR": str(data), "SECRET_KEY": "bench-only-" + "x" * 60, "BENCH_POLICY": POLICY}
     seeded = subprocess.run([sys.executable, "manage.py", "shell", "-c", SEED_B], cwd=ROOT, env=env, check=True,

@@ -1,5 +1,9 @@
 """A server for benchmarks, started the way `make run` starts one (a fresh data directory, the
-embedded runner, the demo tenant) with a policy `bench` published; and a keep-alive API client."""
+embedded runner, the demo tenant) with a policy `bench` published; and a keep-alive API client.
+
+Unless `admission=True`, the per-tenant limits (docs/architecture.md, "Admission") are raised
+out of the way: a throughput benchmark drives the server with one tenant as hard as it can, which
+is what they exist to stop. bench/fairness.py keeps them."""
 
 import http.client
 import json
@@ -51,12 +55,17 @@ class Api:
         self.call("DELETE", f"/api/v1/sessions/{session['id']}", token=session["token"])
 
 
-def start_server(policy: str, **extra_env: str) -> tuple[str, str, subprocess.Popen, Path]:
+UNLIMITED = {"AIRLOCK_API_RATE_PER_TENANT": "1000000", "AIRLOCK_MAX_SESSIONS_PER_TENANT": "1000",
+             "AIRLOCK_MAX_COMMANDS_PER_TENANT": "1000", "AIRLOCK_API_WAITING_PER_TENANT": "1000",
+             "AIRLOCK_TENANT_MEMORY_SHARE": "1", "AIRLOCK_OUTPUT_BYTES_PER_S": str(2**30)}
+
+
+def start_server(policy: str, *, admission: bool = False, **extra_env: str) -> tuple[str, str, subprocess.Popen, Path]:
     data = Path(tempfile.mkdtemp(prefix="airlock-bench-"))
     data.chmod(0o711)
     env = {**{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}},
            "AIRLOCK_DATA_DIR": str(data), "SECRET_KEY": "bench-only-" + "x" * 60, "BENCH_POLICY": policy,
-           "AIRLOCK_LOG_LEVEL": "WARNING", **extra_env}
+           "AIRLOCK_LOG_LEVEL": "WARNING", **({} if admission else UNLIMITED), **extra_env}
 
     def manage(*args: str) -> str:
         return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,

@@ -48,8 +48,9 @@ class EmbeddedRunner:
 
 
 from controlplane.api.handler import API_PREFIX, ApiHandler  # noqa: E402
+from sessions.api.throttle import TenantThrottle  # noqa: E402
 
-api_app = ApiHandler()
+api_app = TenantThrottle(ApiHandler())
 
 
 async def http_app(scope, receive, send):

@@ -236,6 +236,7 @@ AIRLOCK_RUNNER_REAP_INTERVAL_S = env_int("AIRLOCK_RUNNER_REAP_INTERVAL_S", 60, m
 AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
 # Admission (sessions/admission.py): what one tenant may have at once, and the host memory the
 # sessions of one runner may reserve (their policies' memory, /workspace and /tmp limits).
+AIRLOCK_API_RATE_PER_TENANT = env_float("AIRLOCK_API_RATE_PER_TENANT", 50, minimum=1)
 AIRLOCK_MAX_SESSIONS_PER_TENANT = env_int("AIRLOCK_MAX_SESSIONS_PER_TENANT", 32, minimum=1)
 AIRLOCK_MAX_COMMANDS_PER_TENANT = env_int("AIRLOCK_MAX_COMMANDS_PER_TENANT", 32, minimum=1)
 AIRLOCK_RUNNER_MEMORY_MB = env_int("AIRLOCK_RUNNER_MEMORY_MB", host_memory_mb(), minimum=64)

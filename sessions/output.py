@@ -14,8 +14,6 @@ are redacted as the one text they become."""
 
 import codecs
 import re
-import threading
-import time
 
 from controlplane.redaction import REDACTED, may_hold_a_secret, partial_secret_start, redact, secret_spans, spans_across
 from sessions.runtimes.base import OutputTail
@@ -124,25 +122,3 @@ class CommandOutput:
         if text:
             self.tail.feed(text.encode())
 
-
-class OutputRate:
-    """How fast one tenant's output is taken from its sandboxes: `per_s` bytes a second on
-    average, in bursts of up to BURST, shared by all its commands (thread-safe). `take(n)` says
-    how long to wait before reading on; the reader that waits leaves the sandbox's pipe full, so
-    the command waits on its own writes (backpressure), and a flood costs the server a bounded
-    share of redaction and events, however many sessions it comes from."""
-
-    BURST = 256 * 1024
-
-    def __init__(self, per_s: int):
-        self.per_s = per_s
-        self.allowance = float(self.BURST)
-        self.last = time.monotonic()
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> float:
-        with self._lock:
-            now = time.monotonic()
-            self.allowance = min(self.BURST, self.allowance + (now - self.last) * self.per_s) - size
-            self.last = now
-            return max(0.0, -self.allowance / self.per_s)

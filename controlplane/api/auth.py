@@ -65,3 +65,11 @@ def _split_key(token: str) -> tuple[str, str]:
         return "", ""
     prefix, _, secret = token[len(ApiKey.PREFIX):].partition("_")
     return (prefix, secret) if prefix and secret else ("", "")
+
+
+def key_tenant_id(token: str) -> int | None:
+    """The tenant of a genuine API key (revoked and expired ones too), or None: who a request
+    is from, for pacing it, before its view authenticates it (sessions/api/throttle.py)."""
+    prefix, secret = _split_key(token)
+    api_key = api_key_by_prefix(prefix) if prefix else None
+    return api_key.tenant_id if api_key is not None and api_key.secret_matches(secret) else None

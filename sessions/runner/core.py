@@ -29,7 +29,8 @@ from django.db import InterfaceError, OperationalError, connections
 from controlplane.redaction import configured_secrets
 from sessions import layer
 from sessions.models import SessionState, runner_channel
-from sessions.output import CommandOutput, OutputRate
+from sessions.output import CommandOutput
+from sessions.rate import Rate
 from sessions.runner import housekeeping, local_runner, records, set_local_runner
 from sessions.runner.egress import SessionEgress
 from sessions.runner.outbox import Outbox
@@ -39,6 +40,7 @@ from sessions.workspace import WRITE_DEADLINE_S, WorkspaceError, checkout, file_
 
 log = logging.getLogger("airlock.runner")
 REPLY_GRACE_S = 1  # for clocks of hosts that differ a little
+OUTPUT_BURST = 256 * 1024  # bytes of a tenant's output read at once before its rate applies
 
 
 def _answer_queued(live: "LiveSession") -> None:
@@ -126,7 +128,7 @@ class RunnerService:
         self._tasks: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
         self.last_reap = 0.0
-        self._rates: dict[int, OutputRate] = {}  # one per tenant: its sessions share it
+        self._rates: dict[int, Rate] = {}  # of output, one per tenant
         self._rates_lock = threading.Lock()
 
     # -- life ------------------------------------------------------------------------------
@@ -354,7 +356,8 @@ class RunnerService:
     def _exec(self, live: LiveSession, command_id: str, plan: records.CommandPlan,
               output: CommandOutput) -> ExitStatus:
         """In a thread: run the command, hand each redacted piece of output to the loop, at most
-        AIRLOCK_OUTPUT_BYTES_PER_S for the session's tenant (sessions/output.py, OutputRate)."""
+        AIRLOCK_OUTPUT_BYTES_PER_S for the session's tenant, in bursts of OUTPUT_BURST: a faster
+        writer waits on its own writes (its pipe stays full while this thread waits)."""
         status = None
         rate = self._output_rate(live.tenant_id)
         for item in live.driver.exec(live.sandbox, plan.argv, cwd=plan.cwd, timeout_s=plan.timeout_s):
@@ -368,11 +371,12 @@ class RunnerService:
                 status = item
         return status
 
-    def _output_rate(self, tenant_id: int) -> OutputRate:
+    def _output_rate(self, tenant_id: int) -> Rate:
+        """The tenant's: its sessions on this runner share it."""
         with self._rates_lock:
             rate = self._rates.get(tenant_id)
             if rate is None or rate.per_s != settings.AIRLOCK_OUTPUT_BYTES_PER_S:
-                rate = self._rates[tenant_id] = OutputRate(settings.AIRLOCK_OUTPUT_BYTES_PER_S)
+                rate = self._rates[tenant_id] = Rate(settings.AIRLOCK_OUTPUT_BYTES_PER_S, OUTPUT_BURST)
             return rate
 
     async def release(self, session_id: str) -> None:

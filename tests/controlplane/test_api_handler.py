@@ -1,6 +1,8 @@
 """The agent API's lean ASGI handler: no dashboard middleware, but the Host check and the
 security headers still hold."""
 
+import asyncio
+
 import pytest
 from channels.testing import HttpCommunicator
 
@@ -37,3 +39,24 @@ async def test_a_host_outside_allowed_hosts_is_refused(db):
 async def test_unknown_api_paths_still_answer_json(db):
     response = await get("/api/v1/nothing")
     assert response["status"] == 404 and b'"not_found"' in response["body"]
+
+
+async def test_a_tenant_past_its_request_rate_waits_then_is_refused_while_another_is_served(acme, globex, make_key,
+                                                                                             settings):
+    """The agent API's pacing (sessions/api/throttle.py): 2 a second, bursts of 4, a turn waited
+    for at most 2 s; the rest of a flood is 429 at once, and another tenant's bucket is its own."""
+    from asgiref.sync import sync_to_async
+
+    settings.AIRLOCK_API_RATE_PER_TENANT = 2
+    ours, theirs = [(await sync_to_async(make_key)(tenant)).key for tenant in (acme, globex)]
+
+    async def whoami(key: str) -> dict:
+        headers = [(b"host", b"127.0.0.1"), (b"authorization", f"Bearer {key}".encode())]
+        return await HttpCommunicator(api_app, "GET", "/api/v1/whoami", headers=headers).get_response(timeout=20)
+
+    flood = await asyncio.gather(*(whoami(ours) for _ in range(20)))
+    statuses = [response["status"] for response in flood]
+    assert statuses.count(200) >= 4 and statuses.count(429) >= 8, statuses
+    refused = next(response for response in flood if response["status"] == 429)
+    assert b"AIRLOCK_API_RATE_PER_TENANT" in refused["body"] and header(refused, b"retry-after") == b"1"
+    assert (await whoami(theirs))["status"] == 200  # globex was never part of acme's flood

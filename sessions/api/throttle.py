@@ -1,0 +1,96 @@
+"""Each tenant's API requests are paced: AIRLOCK_API_RATE_PER_TENANT a second on average, in
+bursts of twice that (docs/architecture.md, "Admission"). A request past its tenant's rate waits
+for its turn, which costs the server nothing, up to MAX_WAIT_S; one that would wait longer is
+answered 429 at once, before any of the request's work. So a tenant that floods the API delays
+only itself, and what it costs the server is bounded whatever it sends.
+
+Who a request is from comes from its bearer token (an API key, or a session token), looked up
+once and remembered for TOKEN_TTL_S by the token's hash; a request with no token, or one this
+deployment did not issue, is paced in one bucket of its own. The view still authenticates every
+request: this only decides when it may run."""
+
+import asyncio
+import hashlib
+import json
+import time
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from controlplane.api.auth import key_tenant_id
+from sessions.models import TOKEN_PREFIX
+from sessions.rate import Rate
+from sessions.selectors import session_by_token
+
+MAX_WAIT_S = 2.0
+TOKEN_TTL_S = 10.0
+ANONYMOUS = 0  # the bucket of requests without a token of this deployment
+_MAX_TOKENS = 10_000
+
+
+def _tenant_of(token: str) -> int:
+    close_old_connections()  # this thread's connection follows CONN_MAX_AGE like a request's
+    if token.startswith(TOKEN_PREFIX):
+        session = session_by_token(token)
+        return session.tenant_id if session is not None else ANONYMOUS
+    return key_tenant_id(token) or ANONYMOUS
+
+
+class TenantThrottle:
+    """ASGI middleware in front of the agent API."""
+
+    def __init__(self, app):
+        self.app = app
+        self.rates: dict[int, Rate] = {}
+        self.tenants: dict[str, tuple[int, float]] = {}  # token hash -> (tenant id, until)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            rate = self._rate(await self._tenant(scope))
+            wait = rate.take(max_wait=MAX_WAIT_S)
+            if wait is None:
+                return await _too_many(send, rate.per_s)
+            if wait:
+                await asyncio.sleep(wait)
+        return await self.app(scope, receive, send)
+
+    async def _tenant(self, scope) -> int:
+        token = _bearer(scope)
+        if not token:
+            return ANONYMOUS
+        digest = hashlib.sha256(token.encode("latin-1")).hexdigest()
+        known = self.tenants.get(digest)
+        now = time.monotonic()
+        if known is not None and known[1] > now:
+            return known[0]
+        tenant = await sync_to_async(_tenant_of, thread_sensitive=False)(token)
+        if len(self.tenants) >= _MAX_TOKENS:
+            self.tenants.clear()
+        self.tenants[digest] = (tenant, now + TOKEN_TTL_S)
+        return tenant
+
+    def _rate(self, tenant: int) -> Rate:
+        per_s = settings.AIRLOCK_API_RATE_PER_TENANT
+        rate = self.rates.get(tenant)
+        if rate is None or rate.per_s != per_s:
+            rate = self.rates[tenant] = Rate(per_s, 2 * per_s)
+        return rate
+
+
+def _bearer(scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return ""
+
+
+async def _too_many(send, per_s: float) -> None:
+    body = json.dumps({"error": "too_many_requests", "detail": f"this tenant's requests arrive faster than the "
+                       f"{per_s:g} a second it may send (AIRLOCK_API_RATE_PER_TENANT), even after waiting "
+                       f"{MAX_WAIT_S:g} s for a turn; slow down, or ask the operator to raise it"}).encode()
+    await send({"type": "http.response.start", "status": 429, "headers": [
+        (b"content-type", b"application/json"), (b"retry-after", b"1"), (b"content-length", str(len(body)).encode()),
+        (b"x-content-type-options", b"nosniff")]})
+    await send({"type": "http.response.body", "body": body})
