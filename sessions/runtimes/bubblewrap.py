@@ -160,8 +160,8 @@ class BubblewrapDriver(Driver):
             if quota:
                 mount_tmpfs(workspace, size_bytes=spec.limits.disk_mb * 2**20, uid=NOBODY, gid=NOBODY)
             if self.cgroups.available:
-                self.cgroups.create(spec.session_id, memory_mb=spec.limits.memory_mb, pids=spec.limits.pids,
-                                    cpus=spec.limits.cpus)
+                self.cgroups.create(spec.session_id, tenant=spec.tenant, memory_mb=spec.limits.memory_mb,
+                                    pids=spec.limits.pids, cpus=spec.limits.cpus)
         except BaseException:
             self.destroy_by_id(spec.session_id)
             raise

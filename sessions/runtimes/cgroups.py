@@ -1,8 +1,11 @@
 """Per-sandbox cgroups for memory, pids and CPU, on cgroup v1 or v2.
 
-Sandbox cgroups live under `<the runner's own cgroup>/<group>/<sandbox id>`, so that they are
-nested inside whatever limits the runner itself has; the group names one sandbox directory, so
-deployments that share a host never see each other's sandboxes. When the host offers no
+Sandbox cgroups live under `<the runner's own cgroup>/<group>/<tenant>/<sandbox id>`, so that
+they are nested inside whatever limits the runner itself has; the group names one sandbox
+directory, so deployments that share a host never see each other's sandboxes. The tenant level
+holds no limit but its CPU weight, the same for every tenant: when the CPU is contended, each
+tenant with work gets an equal share, however many sessions it runs (a sandbox's own `cpus` caps
+it within that). When the host offers no
 writable cgroup hierarchy, `CgroupManager.available` is false (and a warning says why) and the
 drivers fall back to rlimits.
 
@@ -12,6 +15,7 @@ more: their directory is gone (a test's, a deployment moved or removed), or, unr
 before records were kept), they hold no process."""
 
 import contextlib
+import hashlib
 import logging
 import os
 import signal
@@ -26,6 +30,7 @@ log = logging.getLogger(__name__)
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
 GROUP = "airlock"
 OWNERS = Path("/run/airlock/cgroups")
+TENANT_LEVEL = "tenant-"
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class CgroupManager:
         self.version = 2 if (root / "cgroup.controllers").exists() else 1
         self.bases: dict[str, Path] = self._find_bases(root)
         self.owners = owners
+        self._levels: dict[str, str] = {}  # sandbox id -> its tenant level
         self.available = self._prepare()
         if self.available and owner is not None:
             self._record_owner(owner)
@@ -148,12 +154,27 @@ class CgroupManager:
 
     # -- one sandbox -----------------------------------------------------------------------
     def paths(self, sandbox_id: str) -> dict[str, Path]:
-        return {controller: base / sandbox_id for controller, base in self.bases.items()}
+        return {controller: base / self._level_of(sandbox_id) / sandbox_id for controller, base in self.bases.items()}
 
-    def create(self, sandbox_id: str, *, memory_mb: int, pids: int, cpus: float) -> None:
+    def _level_of(self, sandbox_id: str) -> str:
+        """The tenant level a sandbox's cgroup sits in ("" for one made before there were any)."""
+        level = self._levels.get(sandbox_id)
+        if level is None:
+            base = next(iter(self.bases.values()))
+            found = [path.parent.name for path in base.glob(f"{TENANT_LEVEL}*/{sandbox_id}")]
+            level = self._levels[sandbox_id] = found[0] if found else ""
+        return level
+
+    def create(self, sandbox_id: str, *, memory_mb: int, pids: int, cpus: float, tenant: str = "") -> None:
         memory = str(memory_mb * 2**20)
         period = 100_000
         quota = str(max(1000, int(cpus * period)))
+        level = TENANT_LEVEL + hashlib.sha256(tenant.encode()).hexdigest()[:12]
+        for base in self.bases.values():
+            (base / level).mkdir(exist_ok=True)
+        if self.version == 2:  # the tenant level hands its controllers down (it holds no process itself)
+            _write(self.bases["unified"] / level / "cgroup.subtree_control", "+memory +pids +cpu")
+        self._levels[sandbox_id] = level
         paths = self.paths(sandbox_id)
         for path in paths.values():
             path.mkdir(exist_ok=True)
@@ -174,8 +195,9 @@ class CgroupManager:
             _write(paths["cpu"] / "cpu.cfs_quota_us", quota)
 
     def attach(self, sandbox_id: str, pid: int) -> None:
+        level = self._level_of(sandbox_id)
         for base in self.bases.values():
-            _write(f"{base}/{sandbox_id}/cgroup.procs", str(pid))
+            _write(f"{base}/{level}/{sandbox_id}/cgroup.procs", str(pid))
 
     def pids(self, sandbox_id: str) -> set[int]:
         found: set[int] = set()
@@ -249,12 +271,20 @@ class CgroupManager:
                     if time.monotonic() > deadline:
                         raise SandboxError(f"cgroup {path} could not be removed: {exc.strerror}") from None
                     time.sleep(0.005)
+            if path.parent.name.startswith(TENANT_LEVEL):
+                with contextlib.suppress(OSError):  # the tenant's last sandbox here: its level goes too
+                    path.parent.rmdir()
+        self._levels.pop(sandbox_id, None)
 
     def list_ids(self) -> set[str]:
         ids: set[str] = set()
         for base in self.bases.values():
             with contextlib.suppress(OSError):
-                ids.update(child.name for child in base.iterdir() if child.is_dir())
+                for child in base.iterdir():
+                    if child.name.startswith(TENANT_LEVEL) and child.is_dir():
+                        ids.update(grandchild.name for grandchild in child.iterdir() if grandchild.is_dir())
+                    elif child.is_dir():
+                        ids.add(child.name)
         return ids
 
 
@@ -263,21 +293,22 @@ def _populated(group: Path) -> bool:
     events = _stat_field(group / "cgroup.events", "populated")  # v2
     if events is not None:
         return bool(events)
-    return any((path / "cgroup.procs").read_text().strip() for path in [group, *group.iterdir()] if path.is_dir())
+    return bool((group / "cgroup.procs").read_text().strip()) or any(
+        _populated(child) for child in group.iterdir() if child.is_dir())
 
 
 def _remove_group(group: Path) -> None:
-    """Kill what is left in a group's children, then remove them and the group."""
+    """Kill what is left in a group and below it, then remove it, deepest first."""
     for child in [path for path in group.iterdir() if path.is_dir()]:
-        for _ in range(100):
-            pids = [int(pid) for pid in (child / "cgroup.procs").read_text().split()]
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
-        child.rmdir()
+        _remove_group(child)
+    for _ in range(100):
+        pids = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
     group.rmdir()
 
 

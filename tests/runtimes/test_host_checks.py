@@ -149,3 +149,29 @@ def test_a_starting_driver_removes_the_cgroups_nobody_serves(tmp_path):
             manager.remove(sandbox)
             for base in manager.bases.values():
                 base.rmdir()
+
+
+def test_each_tenants_sandboxes_share_one_cpu_weight(tmp_path, built_rootfs):
+    """Under contention each tenant with work gets an equal share of the CPU, however many
+    sessions it runs: its sandboxes' cgroups sit in one level of its own, with the default
+    weight, and the level goes with its last sandbox."""
+    driver = BubblewrapDriver(sandbox_dir=tmp_path)
+    if not driver.cgroups.available:
+        pytest.skip("no writable cgroup hierarchy here (needs root)")
+    made = {name: [driver.create(SandboxSpec(tenant=name, session_id=str(uuid.uuid4()))) for _ in range(count)]
+            for name, count in (("big", 3), ("small", 1))}
+    try:
+        levels = {name: {path.parent for sandbox in sandboxes for path in driver.cgroups.paths(sandbox.id).values()}
+                  for name, sandboxes in made.items()}
+        assert all(len(paths) == len(driver.cgroups.bases) for paths in levels.values())  # one level per tenant
+        assert not levels["big"] & levels["small"]
+        for level in levels["big"] | levels["small"]:
+            weight = level / ("cpu.weight" if driver.cgroups.version == 2 else "cpu.shares")
+            if weight.exists():
+                assert weight.read_text().strip() in {"100", "1024"}  # the default: every tenant the same
+        assert set(driver.list_sandboxes()) == {sandbox.id for sandboxes in made.values() for sandbox in sandboxes}
+    finally:
+        for sandboxes in made.values():
+            for sandbox in sandboxes:
+                driver.destroy(sandbox)
+    assert not any(level.exists() for paths in levels.values() for level in paths)
