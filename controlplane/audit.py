@@ -3,10 +3,9 @@
 Each tenant has its own chain: event n stores `prev_hash` (event n-1's hash, or GENESIS) and
 `hash = HMAC-SHA256(key, prev_hash + canonical_json(event))`. The key is not in the database
 (AIRLOCK_AUDIT_KEY, else derived from SECRET_KEY), so whoever can write the database can
-neither edit an event and re-hash the rest nor forge a new one. Events written before the chain
-was keyed carry a plain SHA-256 (`keyed` false); once a tenant's chain is keyed, an unkeyed
-event after a keyed one is a forgery. The database itself refuses UPDATE, DELETE and TRUNCATE
-of audit rows (migration 0002).
+neither edit an event and re-hash the rest nor forge a new one (events from before the chain
+was keyed were re-chained by migration 0002). The database itself refuses UPDATE, DELETE and
+TRUNCATE of audit rows (migration 0003).
 
 What the database cannot prove is what it no longer holds. After every event the tenant's head
 (count, last hash) is appended, signed with the same key, to a checkpoint file outside the
@@ -57,8 +56,7 @@ def _mac(text: str) -> str:
 
 
 def chain_hash(prev_hash: str, event: AuditEvent) -> str:
-    text = prev_hash + canonical_json(event)
-    return _mac(text) if event.keyed else hashlib.sha256(text.encode()).hexdigest()
+    return _mac(prev_hash + canonical_json(event))
 
 
 def actor_label(actor) -> str:
@@ -98,7 +96,6 @@ def audit_record(
         target_id=str(target.pk) if target is not None else "",
         data=json.loads(json.dumps(data or {}, default=str)),
         prev_hash=last["hash"] if last else GENESIS,
-        keyed=True,
     )
     event.hash = chain_hash(event.prev_hash, event)
     event.save()
@@ -138,25 +135,22 @@ def checkpoint(tenant: Tenant, count: int, head: str) -> None:
 
 def checkpoints() -> tuple[dict[int, Checkpoint], list[int]]:
     """The latest signed checkpoint of each tenant id, and the numbers of the file's lines whose
-    signature does not hold (a forged or altered line)."""
+    signature does not hold (a forged or altered line). FileNotFoundError when there is no file."""
     latest: dict[int, Checkpoint] = {}
     forged: list[int] = []
-    try:
-        with open(settings.AIRLOCK_AUDIT_CHECKPOINTS, encoding="utf-8") as lines:
-            for number, text in enumerate(lines, 1):
-                try:
-                    line = json.loads(text)
-                    mac = line.pop("mac")
-                    valid = hmac.compare_digest(mac, _mac(json.dumps(line, sort_keys=True, separators=(",", ":"))))
-                    point = Checkpoint(line["tenant_id"], line["tenant"], line["count"], line["hash"], line["at"])
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    valid = False
-                if not valid:
-                    forged.append(number)
-                elif point.tenant_id not in latest or point.count >= latest[point.tenant_id].count:
-                    latest[point.tenant_id] = point
-    except FileNotFoundError:
-        pass
+    with open(settings.AIRLOCK_AUDIT_CHECKPOINTS, encoding="utf-8", errors="replace") as lines:
+        for number, text in enumerate(lines, 1):
+            try:
+                line = json.loads(text)
+                mac = line.pop("mac")
+                valid = hmac.compare_digest(mac, _mac(json.dumps(line, sort_keys=True, separators=(",", ":"))))
+                point = Checkpoint(line["tenant_id"], line["tenant"], line["count"], line["hash"], line["at"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                valid = False
+            if not valid:
+                forged.append(number)
+            elif point.tenant_id not in latest or point.count >= latest[point.tenant_id].count:
+                latest[point.tenant_id] = point
     return latest, forged
 
 
@@ -176,22 +170,23 @@ def audit_verify(tenant: Tenant, point=_FROM_FILE) -> BrokenLink | None:
     """The first broken link of the tenant's chain, or None when it is whole and reaches its
     latest checkpoint (`point`: a Checkpoint, None for none, or by default the file's)."""
     if point is _FROM_FILE:
-        point = checkpoints()[0].get(tenant.pk)
+        try:
+            point = checkpoints()[0].get(tenant.pk)
+        except FileNotFoundError:
+            point = None
         point = point if point is not None and point.tenant == tenant.slug else None
-    prev_hash, expected_seq, keyed, at_checkpoint = GENESIS, 1, False, None
+    prev_hash, expected_seq, at_checkpoint = GENESIS, 1, None
     for event in _events_in_order(tenant):
         if event.seq != expected_seq:
             return BrokenLink(tenant.slug, expected_seq, f"event #{expected_seq} is missing (found #{event.seq})")
         if event.prev_hash != prev_hash:
             return BrokenLink(tenant.slug, event.seq, "prev_hash does not match the previous event's hash")
-        if keyed and not event.keyed:
-            return BrokenLink(tenant.slug, event.seq, "the event is not keyed although earlier ones are: it was "
-                                                      "rewritten without the key")
         if not hmac.compare_digest(chain_hash(prev_hash, event), event.hash):
-            return BrokenLink(tenant.slug, event.seq, "the event's content does not match its hash")
+            return BrokenLink(tenant.slug, event.seq, "the event's content does not match its hash (edited, or "
+                                                      "hashed without the key)")
         if point is not None and event.seq == point.count:
             at_checkpoint = event.hash
-        prev_hash, expected_seq, keyed = event.hash, expected_seq + 1, event.keyed
+        prev_hash, expected_seq = event.hash, expected_seq + 1
     count = expected_seq - 1
     if point is None:
         return None

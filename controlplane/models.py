@@ -114,14 +114,15 @@ class AppendOnlyQuerySet(models.QuerySet):
 class AuditEvent(models.Model):
     """One change of security state. Append-only (the database refuses UPDATE and DELETE) and
     chained per tenant: `hash` is an HMAC of the previous event's hash and a canonical JSON of
-    this event (`keyed`; a plain SHA-256 for events written before the chain was keyed; see
-    controlplane/audit.py)."""
+    this event (controlplane/audit.py)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="audit_events")
     seq = models.PositiveBigIntegerField()
     created_at = models.DateTimeField()
+    # PROTECT: the row is append-only (SET_NULL would be an UPDATE the database refuses); a user
+    # who acted is deactivated, not deleted.
     actor_user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     actor = models.CharField(max_length=200)
     action = models.CharField(max_length=100)
@@ -130,7 +131,6 @@ class AuditEvent(models.Model):
     data = models.JSONField(default=dict)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
-    keyed = models.BooleanField(default=False)
 
     objects = AppendOnlyQuerySet.as_manager()
 

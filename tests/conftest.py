@@ -24,11 +24,15 @@ def _own_audit_checkpoints(settings, tmp_path):
 def django_db_setup(django_db_setup, django_db_blocker):
     """The test database lets its audit rows go: Django's test flush empties every table between
     tests, which a deployment's database refuses (controlplane/migrations/0003). Tests of that
-    refusal take the row away (tests/controlplane/test_audit.py)."""
+    refusal put the triggers back for their own time (tests/controlplane/test_audit.py)."""
+    from importlib import import_module
+
     from django.db import connection
 
+    append_only = import_module("controlplane.migrations.0003_audit_append_only")
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute("INSERT INTO controlplane_audit_unlock (reason) VALUES ('the test suite flushes tables')")
+        for statement in append_only.statements(connection.vendor, drop=True):
+            cursor.execute(statement)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 import contextlib
 import hashlib
+import importlib
 import json
 import re
 from io import StringIO
@@ -11,6 +12,10 @@ from django.urls import reverse
 
 from controlplane.audit import GENESIS, audit_record, audit_verify, canonical_json, chain_hash
 from controlplane.models import AuditEvent
+
+# Checkpoints are written once an event commits: these tests commit (audit_verify reports a
+# missing checkpoint file when events exist).
+CHECKPOINTED = pytest.mark.django_db(transaction=True)
 
 
 def actions(tenant) -> list[str]:
@@ -70,6 +75,7 @@ def test_the_admin_offers_no_way_to_change_audit_rows(alice, acme, db):
     assert AuditEvent.objects.get(pk=event.pk).action == event.action
 
 
+@CHECKPOINTED
 def test_audit_verify_passes_on_an_intact_chain(alice, bob, charlie):
     out = StringIO()
     call_command("audit_verify", stdout=out)
@@ -82,6 +88,7 @@ def tamper(sql: str, params: list) -> None:
         cursor.execute(sql, params)
 
 
+@CHECKPOINTED
 def test_a_row_changed_with_raw_sql_is_reported_with_its_sequence_number(alice, bob, acme):
     table = AuditEvent._meta.db_table
     tamper(f"UPDATE {table} SET data = %s WHERE tenant_id = %s AND seq = 2", ['{"role": "viewer"}', acme.pk])  # noqa: S608
@@ -133,14 +140,18 @@ def test_a_bad_audit_filter_is_a_400_with_the_field_named(alice, client_for):
 
 @contextlib.contextmanager
 def audit_locked():
-    """The database as a deployment's: no row in controlplane_audit_unlock (see tests/conftest.py)."""
+    """The database as a deployment's: the append-only triggers in place (tests/conftest.py
+    drops them for Django's flush)."""
+    append_only = importlib.import_module("controlplane.migrations.0003_audit_append_only")
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM controlplane_audit_unlock")
+        for statement in append_only.statements(connection.vendor, drop=False):
+            cursor.execute(statement)
     try:
         yield
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("INSERT INTO controlplane_audit_unlock (reason) VALUES ('the test suite flushes tables')")
+            for statement in append_only.statements(connection.vendor, drop=True):
+                cursor.execute(statement)
 
 
 def refused(sql: str, params: list) -> bool:
@@ -173,13 +184,9 @@ def test_postgresql_refuses_truncate_too(alice, acme):
     assert AuditEvent.objects.filter(tenant=acme).count() == 2
 
 
-# Checkpoints are written once an event commits: these tests commit.
-CHECKPOINTED = pytest.mark.django_db(transaction=True)
-
-
 def sha_rewrite(tenant, first_seq: int, **changes) -> None:
     """What someone with the database but not the key can do: change event `first_seq` and
-    re-chain it and every later one with plain SHA-256, as unkeyed events."""
+    re-chain it and every later one with plain SHA-256 (as events were before the chain was keyed)."""
     table = AuditEvent._meta.db_table
     events = list(AuditEvent.objects.filter(tenant=tenant).order_by("seq"))
     prev = events[first_seq - 2].hash if first_seq > 1 else GENESIS
@@ -187,22 +194,29 @@ def sha_rewrite(tenant, first_seq: int, **changes) -> None:
         if event.seq == first_seq:
             for field, value in changes.items():
                 setattr(event, field, value)
-        event.keyed = False
         digest = hashlib.sha256((prev + canonical_json(event)).encode()).hexdigest()
-        tamper(f"UPDATE {table} SET actor = %s, prev_hash = %s, hash = %s, keyed = %s WHERE id = %s",  # noqa: S608
-               [event.actor, prev, digest, False, event.pk])
+        tamper(f"UPDATE {table} SET actor = %s, prev_hash = %s, hash = %s WHERE id = %s",  # noqa: S608
+               [event.actor, prev, digest, event.pk])
         prev = digest
 
 
-def test_events_rewritten_without_the_key_are_found(alice, bob, acme):
-    sha_rewrite(acme, 2, actor="user:mallory")
+@pytest.mark.parametrize("first", [1, 2])
+def test_events_rewritten_without_the_key_are_found(first, alice, bob, acme):
+    sha_rewrite(acme, first, actor="user:mallory")  # a chain consistent on its own, but not keyed
     link = audit_verify(acme)
-    assert link.seq == 2 and "rewritten without the key" in link.problem
+    assert link.seq == first and "hashed without the key" in link.problem
 
 
 @CHECKPOINTED
-def test_a_whole_chain_rewritten_without_the_key_is_found_by_its_checkpoint(alice, bob, acme):
-    sha_rewrite(acme, 1, actor="user:mallory")  # every event unkeyed: the chain is consistent on its own
+def test_a_whole_chain_rewritten_with_the_key_is_found_by_its_checkpoint(alice, bob, acme):
+    """Whoever has the key and the database (not the checkpoint file) can re-chain everything."""
+    table, prev = AuditEvent._meta.db_table, GENESIS
+    for event in AuditEvent.objects.filter(tenant=acme).order_by("seq"):
+        event.actor = "user:mallory"
+        digest = chain_hash(prev, event)
+        tamper(f"UPDATE {table} SET actor = %s, prev_hash = %s, hash = %s WHERE id = %s",  # noqa: S608
+               ["user:mallory", prev, digest, event.pk])
+        prev = digest
     link = audit_verify(acme)
     assert link.seq == 3 and link.problem.startswith("re-hashed: event #3's hash is not the one checkpointed")
 
@@ -215,7 +229,7 @@ def test_a_row_edited_and_rehashed_with_a_guessed_key_is_found(alice, bob, acme,
     settings.AIRLOCK_AUDIT_KEY = ""
     tamper(f"UPDATE {AuditEvent._meta.db_table} SET actor = %s, hash = %s WHERE id = %s",  # noqa: S608
            ["user:mallory", forged, event.pk])
-    assert audit_verify(acme).problem == "the event's content does not match its hash"
+    assert audit_verify(acme).problem.startswith("the event's content does not match its hash")
 
 
 @CHECKPOINTED
@@ -263,3 +277,54 @@ def test_checkpoints_are_signed_lines_outside_the_database(alice, acme, settings
         call_command("audit_verify", stdout=out)
     assert f"line {len(lines) + 1} of the checkpoint file is not signed" in out.getvalue()
     assert "ok      acme: 3 events, chain intact" in out.getvalue()
+
+
+
+@CHECKPOINTED
+def test_a_deleted_checkpoint_file_is_reported(alice, acme, settings):
+    settings.AIRLOCK_AUDIT_CHECKPOINTS.unlink()
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", stdout=out)
+    assert "BROKEN  checkpoints: the checkpoint file" in out.getvalue() and "is missing" in out.getvalue()
+
+
+@CHECKPOINTED
+def test_a_tenant_made_again_under_its_old_name_is_reported_with_tenant(alice, acme, settings):
+    from controlplane import services
+
+    tamper(f"DELETE FROM {AuditEvent._meta.db_table} WHERE tenant_id = %s", [acme.pk])  # noqa: S608
+    acme.delete()
+    services.tenant_create(slug="acme", name="Acme again")
+    with settings.AIRLOCK_AUDIT_CHECKPOINTS.open("ab") as file:
+        file.write(b"\xff\xfe not a line\n")  # a line that is not even UTF-8 is a forged one, not a crash
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", "--tenant", "acme", stdout=out)
+    assert "a tenant of that name was made again" in out.getvalue()
+    assert "is not signed by this deployment's audit key" in out.getvalue()
+
+
+def test_a_user_who_acted_cannot_be_deleted_but_is_refused_cleanly(alice, acme):
+    from django.db.models import ProtectedError
+
+    audit_record(tenant=acme, actor=alice, action="policy.published")
+    with pytest.raises(ProtectedError):
+        alice.delete()
+
+
+def test_chains_from_before_the_key_are_re_chained_by_their_migration_where_they_hold(alice, bob, charlie, acme,
+                                                                                        globex):
+    """Migration 0002 keys the chains written with plain SHA-256; one already broken stays broken
+    from its broken link on, for audit_verify to report."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    rekey = importlib.import_module("controlplane.migrations.0002_audit_keyed").rekey
+    apps = MigrationExecutor(connection).loader.project_state(("controlplane", "0002_audit_keyed")).apps
+    sha_rewrite(acme, 1)  # both chains as the old code wrote them
+    sha_rewrite(globex, 1)
+    tamper(f"UPDATE {AuditEvent._meta.db_table} SET actor = 'user:mallory' WHERE tenant_id = %s AND seq = 2",  # noqa: S608
+           [globex.pk])
+    rekey(apps, None)
+    assert audit_verify(acme, None) is None
+    assert audit_verify(globex, None).seq == 2

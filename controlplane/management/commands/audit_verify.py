@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.audit import audit_verify, checkpoints
@@ -17,8 +18,16 @@ class Command(BaseCommand):
             tenants = tenants.filter(slug=tenant)
             if not tenants.exists():
                 raise CommandError(f"no tenant {tenant!r}")
-        latest, forged = checkpoints()
         broken = 0
+        try:
+            latest, forged = checkpoints()
+        except FileNotFoundError:
+            latest, forged = {}, []
+            if AuditEvent.objects.filter(tenant__in=tenants).exists():
+                broken += 1
+                self.stdout.write(f"BROKEN  checkpoints: the checkpoint file {settings.AIRLOCK_AUDIT_CHECKPOINTS} is "
+                                  "missing, though audit events exist that it recorded: it was deleted or moved "
+                                  "(AIRLOCK_AUDIT_CHECKPOINTS)")
         for number in forged:
             broken += 1
             self.stdout.write(f"BROKEN  checkpoints: line {number} of the checkpoint file is not signed by this "
@@ -36,10 +45,12 @@ class Command(BaseCommand):
             else:
                 broken += 1
                 self.stdout.write(f"BROKEN  {link.tenant}: event #{link.seq}: {link.problem}")
-        if not tenant:  # checkpointed tenants the database no longer has
-            for point in sorted(latest.values(), key=lambda point: point.tenant):
+        names = {each.slug for each in tenants}
+        for point in sorted(latest.values(), key=lambda point: point.tenant):  # checkpointed, gone from the database
+            if not tenant or point.tenant in names:
                 broken += 1
                 self.stdout.write(f"BROKEN  {point.tenant}: the tenant and its whole chain are gone from the "
-                                  f"database (the checkpoint of {point.at} recorded {point.count} events)")
+                                  f"database (the checkpoint of {point.at} recorded {point.count} events"
+                                  + (", and a tenant of that name was made again)" if point.tenant in names else ")"))
         if broken:
             raise CommandError(f"{broken} problem(s) with the audit log", returncode=3)
