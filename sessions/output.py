@@ -8,9 +8,10 @@ BEGIN line to its END line every line is redacted.
 
 Both readings of the output are redacted: each stream alone (a client that follows stdout only)
 and the two merged in the order they leave, which is what is stored and what a terminal shows.
-Text that leaves mid-line is the only place where the other stream's next text can continue a
-secret: there, what crosses is redacted (`CommandOutput._meet`); at the end, both streams' rests
-are redacted as the one text they become."""
+Text that leaves mid-line is the only place where the next text to leave can continue a secret:
+there, what crosses is redacted (`CommandOutput._meet`); at the end, both streams' rests are
+redacted as the one text they become. Pacing (sessions/rate.py) charges what the patterns scan,
+not only what arrives, so a line held open and fed a byte at a time costs its sender."""
 
 import codecs
 import re
@@ -34,12 +35,20 @@ class StreamRedactor:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
         self._in_key = False
+        self._tried_at = 0  # how long the held line was when a cut was last looked for
+        self.scanned = 0  # characters the patterns have gone over (what pacing charges)
 
     def feed(self, data: bytes) -> str:
         text = self._pending + self._decoder.decode(data)
         cut = text.rfind("\n") + 1
-        if cut == 0 and len(text) > LINE_LIMIT:
+        # A long line is looked at again only once it has grown by a quarter: a line held open
+        # and fed a few bytes at a time is not scanned whole for every few bytes.
+        if cut == 0 and len(text) > LINE_LIMIT and (len(text) >= self._tried_at * 5 // 4 or len(text) > HOLD_LIMIT):
+            self._tried_at = len(text)
+            self.scanned += len(text)
             cut = self._safe_cut(text)
+        if cut:
+            self._tried_at = 0
         self._pending = text[cut:]
         return self._redact(text[:cut])
 
@@ -57,8 +66,8 @@ class StreamRedactor:
             cut = partial_secret_start(text, cut, self.secrets)
         if self._in_key or "-----BEGIN" in text[max(cut - 64, 0):]:
             cut = 0  # inside, or at the start of, a private key block: wait for its end
-        if cut <= 0 and len(text) > HOLD_LIMIT:
-            return len(text)
+        if cut <= 0 and len(text) > HOLD_LIMIT:  # it leaves, but not with half a configured secret at its end
+            return partial_secret_start(text, len(text), self.secrets)
         return max(cut, 0)
 
     def flush(self) -> str:
@@ -71,6 +80,7 @@ class StreamRedactor:
             return ""
         if not self._in_key and not may_hold_a_secret(text, self.secrets):
             return text
+        self.scanned += len(text)
         lines = []
         for line in text.splitlines(keepends=True):
             if self._in_key:
@@ -99,6 +109,13 @@ class CommandOutput:
     def feed(self, stream: str, data: bytes) -> str:
         return self._meet(stream, self.streams[stream].feed(data))
 
+    def take_scanned(self) -> int:
+        """Characters the redaction patterns went over since the last call (both streams)."""
+        scanned = sum(redactor.scanned for redactor in self.streams.values())
+        for redactor in self.streams.values():
+            redactor.scanned = 0
+        return scanned
+
     def flush(self) -> list[tuple[str, str]]:
         rests = [(stream, text) for stream, text in ((s, r.flush()) for s, r in self.streams.items()) if text]
         if len(rests) == 2 and spans_across(rests[0][1], rests[1][1], self.secrets):
@@ -107,11 +124,12 @@ class CommandOutput:
         return [(stream, text) for stream, text in ((s, self._meet(s, t)) for s, t in rests) if text]
 
     def _meet(self, stream: str, text: str) -> str:
-        """`text` of `stream` leaves now: what a secret begun in the other stream's mid-line text
-        (the last to leave) carries over into it is redacted."""
+        """`text` of `stream` leaves now: what a secret begun in the mid-line text that left last
+        (the other stream's, or this one's when a line too long to hold left whole) carries over
+        into it is redacted."""
         if not text:
             return text
-        if self._open is not None and self._open[0] != stream:
+        if self._open is not None:
             reach = spans_across(self._open[1], text, self.secrets)
             if reach:
                 text = REDACTED + text[reach:]

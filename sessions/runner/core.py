@@ -365,7 +365,7 @@ class RunnerService:
                 text = output.feed(item.stream, item.data)  # redacted here; kept in the tail on the loop
                 if text:
                     self.loop.call_soon_threadsafe(self.outbox.output, live, command_id, item.stream, text)
-                if wait := rate.take(len(item.data)):
+                if wait := rate.take(max(len(item.data), output.take_scanned())):
                     time.sleep(wait)
             elif isinstance(item, ExitStatus):
                 status = item

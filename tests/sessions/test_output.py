@@ -139,3 +139,25 @@ def test_no_interleaving_of_the_two_streams_leaks_a_secret(seed):
     steps = [(stream, chunks[stream].pop(0)) for stream in order]
     for name, text in readings(released(steps)).items():
         assert SECRET not in text, (seed, name)
+
+
+def test_a_line_too_long_to_hold_never_leaves_half_a_secret_for_its_own_next_chunk():
+    """Past HOLD_LIMIT a line leaves whole; what it ended with must not join what follows."""
+    for first in (b"x" * (HOLD_LIMIT + 5000) + b" -----BEGIN " + SECRET[:8].encode(),
+                  b"y" * (HOLD_LIMIT + 5000) + b" " + SECRET[:8].encode()):
+        events = released([("stdout", first), ("stdout", SECRET[8:].encode() + b"\n")])
+        for name, text in readings(events).items():
+            assert SECRET not in text, name
+    token = "ghp_" + "Z9y8X7w6V5" * 4
+    events = released([("stdout", b"-----BEGIN " + b"q " * (HOLD_LIMIT // 2) + b" " + token[:12].encode()),
+                       ("stdout", token[12:].encode() + b"\n")])
+    assert token[12:] not in readings(events)["merged"]
+
+
+def test_a_line_held_open_and_fed_a_few_bytes_at_a_time_is_not_scanned_whole_each_time():
+    output = CommandOutput(tail_chars=1000, secrets=(SECRET,))
+    output.feed("stdout", b"-----BEGIN " + b"k" * (LINE_LIMIT + 100))
+    output.take_scanned()
+    for _ in range(200):
+        output.feed("stdout", b"kk")
+    assert output.take_scanned() < 10 * (LINE_LIMIT + 500)  # a few looks at the held line, not 200
