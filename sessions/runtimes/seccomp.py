@@ -8,9 +8,11 @@ what a code sandbox needs least and the kernel exposes most:
   it, so programs fall back to read and write;
 - no new namespaces: `unshare` and `setns` refused, `clone` only without namespace flags, and
   `clone3` ENOSYS (its flags sit in memory a filter cannot read; glibc falls back to clone);
-- sockets of the families a sandbox uses only (Unix, IPv4, IPv6, and netlink's routing protocol,
-  which glibc reads its interfaces and addresses through): packet, vsock and the rest answer
-  EAFNOSUPPORT, netlink's other protocols (netfilter, xfrm, audit, ...) EPROTONOSUPPORT;
+- sockets of the families a sandbox uses only (Unix; IPv4 and IPv6 with TCP, UDP or ICMP; and
+  netlink's routing protocol, which glibc reads its interfaces and addresses through): packet,
+  vsock and the rest answer EAFNOSUPPORT, netlink's other protocols (netfilter, xfrm, audit, ...)
+  EPROTONOSUPPORT, other IP protocols (SCTP, DCCP, ...: kernel modules loaded on demand) EPERM;
+  `socketpair` of Unix sockets only;
 - bpf, userfaultfd, perf_event_open, keyctl, add_key, request_key, mount, ptrace of other
   processes' memory aside, are not on the list (Docker allows them only with a capability);
 - native x86-64 calls only: a 32-bit or x32 call kills the process (libseccomp's default for an
@@ -52,7 +54,7 @@ sched_getscheduler sched_rr_get_interval sched_setaffinity sched_setattr sched_s
 sched_yield seccomp select semctl semget semop semtimedop sendfile sendmmsg sendmsg sendto setfsgid setfsuid
 setgid setgroups setitimer setpgid setpriority setregid setresgid setresuid setreuid setrlimit set_robust_list
 setsid setsockopt set_thread_area set_tid_address setuid setxattr shmat shmctl shmdt shmget shutdown
-sigaltstack signalfd signalfd4 socketpair splice stat statfs statx symlink symlinkat sync sync_file_range
+sigaltstack signalfd signalfd4 splice stat statfs statx symlink symlinkat sync sync_file_range
 syncfs sysinfo tee tgkill time timer_create timer_delete timer_getoverrun timer_gettime timer_settime
 timerfd_create timerfd_gettime timerfd_settime times tkill truncate umask uname unlink unlinkat utime utimensat
 utimes vfork vmsplice wait4 waitid write writev
@@ -62,7 +64,11 @@ ALLOWED = tuple(_ALLOWED.split())
 # Docker's too: only the personalities that change nothing dangerous (Linux, and its query).
 PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
-SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+SOCKET_FAMILIES = (AF_UNIX, AF_INET, AF_INET6)
+# The IP protocols a sandbox's programs open (0 is the family's default: TCP or UDP); any other
+# (SCTP, DCCP, L2TP, ...) would have the kernel load its module: refused (EPERM, the default).
+IP_PROTOCOLS = {AF_INET: (0, 1, 6, 17), AF_INET6: (0, 6, 17, 58)}  # ip, icmp, tcp, udp, icmpv6
 AF_NETLINK, NETLINK_ROUTE = 16, 0
 AF_MAX = 46  # Linux 6.x
 ENOSYS_CALLS = ("io_uring_setup", "io_uring_enter", "io_uring_register", "clone3")
@@ -85,8 +91,12 @@ def program() -> bytes:
     for persona in PERSONALITIES:
         rules.add_rule(seccomp.ALLOW, "personality", seccomp.Arg(0, seccomp.EQ, persona))
     rules.add_rule(seccomp.ALLOW, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, NAMESPACE_FLAGS, 0))
-    for family in SOCKET_FAMILIES:
-        rules.add_rule(seccomp.ALLOW, "socket", seccomp.Arg(0, seccomp.EQ, family))
+    rules.add_rule(seccomp.ALLOW, "socket", seccomp.Arg(0, seccomp.EQ, AF_UNIX))
+    rules.add_rule(seccomp.ALLOW, "socketpair", seccomp.Arg(0, seccomp.EQ, AF_UNIX))
+    for family, protocols in IP_PROTOCOLS.items():
+        for protocol in protocols:
+            rules.add_rule(seccomp.ALLOW, "socket", seccomp.Arg(0, seccomp.EQ, family),
+                           seccomp.Arg(2, seccomp.EQ, protocol))
     netlink = seccomp.Arg(0, seccomp.EQ, AF_NETLINK)
     rules.add_rule(seccomp.ALLOW, "socket", netlink, seccomp.Arg(2, seccomp.EQ, NETLINK_ROUTE))
     rules.add_rule(seccomp.ERRNO(errno.EPROTONOSUPPORT), "socket", netlink, seccomp.Arg(2, seccomp.NE, NETLINK_ROUTE))
@@ -130,7 +140,11 @@ def docker_profile() -> str:
         rule(ALLOWED),
         *(rule(["personality"], value=persona, op="SCMP_CMP_EQ") for persona in PERSONALITIES),
         rule(["clone"], value=NAMESPACE_FLAGS, valueTwo=0, op="SCMP_CMP_MASKED_EQ"),
-        *(rule(["socket"], value=family, op="SCMP_CMP_EQ") for family in SOCKET_FAMILIES),
+        rule(["socket"], value=AF_UNIX, op="SCMP_CMP_EQ"),
+        rule(["socketpair"], value=AF_UNIX, op="SCMP_CMP_EQ"),
+        *(rule(["socket"], "SCMP_ACT_ALLOW", None, {"index": 2, "value": protocol, "op": "SCMP_CMP_EQ"},
+               value=family, op="SCMP_CMP_EQ")
+          for family, protocols in IP_PROTOCOLS.items() for protocol in protocols),
         rule(["socket"], "SCMP_ACT_ALLOW", None, {**route, "op": "SCMP_CMP_EQ"}, value=AF_NETLINK, op="SCMP_CMP_EQ"),
         rule(["socket"], "SCMP_ACT_ERRNO", errno.EPROTONOSUPPORT, {**route, "op": "SCMP_CMP_NE"},
              value=AF_NETLINK, op="SCMP_CMP_EQ"),

@@ -34,12 +34,19 @@ found = {
 for name, family, kind, protocol in (
         ("netlink_route", 16, socket.SOCK_RAW, 0), ("netlink_netfilter", 16, socket.SOCK_RAW, 12),
         ("netlink_xfrm", 16, socket.SOCK_RAW, 6), ("packet", 17, socket.SOCK_RAW, 0),
-        ("vsock", 40, socket.SOCK_STREAM, 0), ("inet", 2, socket.SOCK_STREAM, 0), ("unix", 1, socket.SOCK_STREAM, 0)):
+        ("vsock", 40, socket.SOCK_STREAM, 0), ("inet", 2, socket.SOCK_STREAM, 0), ("unix", 1, socket.SOCK_STREAM, 0),
+        ("sctp", 2, socket.SOCK_STREAM, 132), ("dccp", 10, 6, 33), ("udp6", 10, socket.SOCK_DGRAM, 17)):
     try:
         socket.socket(family, kind, protocol).close()
         found["socket_" + name] = "ok"
     except OSError as exc:
         found["socket_" + name] = errno.errorcode.get(exc.errno, str(exc.errno))
+for name, family in (("pair_unix", 1), ("pair_inet", 2), ("pair_vsock", 40)):
+    try:
+        [s.close() for s in socket.socketpair(family)]
+        found["socket" + name] = "ok"
+    except OSError as exc:
+        found["socket" + name] = errno.errorcode.get(exc.errno, str(exc.errno))
 found["seccomp"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("Seccomp:")][:1]
 print(json.dumps(found))
 """
@@ -69,6 +76,9 @@ def test_bubblewrap_and_docker_sandboxes_run_under_airlocks_seccomp_filter(drive
     assert found["socket_vsock"] == found["socket_packet"] == "EAFNOSUPPORT"
     assert found["socket_netlink_netfilter"] == found["socket_netlink_xfrm"] == "EPROTONOSUPPORT"
     assert found["socket_netlink_route"] == "ok"  # glibc reads interfaces and addresses through it
+    assert found["socket_sctp"] == found["socket_dccp"] == "EPERM"  # their kernel modules stay unloaded
+    assert found["socket_udp6"] == found["socketpair_unix"] == "ok"
+    assert found["socketpair_inet"] in REFUSED and found["socketpair_vsock"] in REFUSED
 
 
 @pytest.mark.parametrize("driver", ["gvisor"], indirect=True)
