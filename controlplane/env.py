@@ -75,15 +75,35 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 def host_memory_mb() -> int:
-    """The host's memory (MemTotal), or 4096 where /proc/meminfo cannot be read."""
+    """The memory this process may use: the host's (MemTotal), or its cgroup's limit when that is
+    lower (a container); 4096 where neither can be read."""
+    total = None
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:
                 if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) // 1024
+                    total = int(line.split()[1]) // 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 4096
+    limits = []
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as groups:
+            for line in groups:
+                _, controllers, path = line.strip().split(":", 2)
+                if controllers == "":  # v2
+                    limits.append(f"/sys/fs/cgroup{path}/memory.max")
+                elif "memory" in controllers.split(","):
+                    limits.append(f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+    except (OSError, ValueError):
+        pass
+    for limit in limits:
+        try:
+            with open(limit, encoding="ascii") as file:
+                value = int(file.read().strip()) // 2**20  # "max" (no limit) is not a number
+        except (OSError, ValueError):
+            continue
+        total = min(total, value) if total else value
+    return total or 4096
 
 
 def database_from_url(url: str, *, sqlite_default: str) -> dict:

@@ -239,7 +239,10 @@ AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
 AIRLOCK_API_RATE_PER_TENANT = env_float("AIRLOCK_API_RATE_PER_TENANT", 50, minimum=1)
 AIRLOCK_MAX_SESSIONS_PER_TENANT = env_int("AIRLOCK_MAX_SESSIONS_PER_TENANT", 32, minimum=1)
 AIRLOCK_MAX_COMMANDS_PER_TENANT = env_int("AIRLOCK_MAX_COMMANDS_PER_TENANT", 32, minimum=1)
-AIRLOCK_RUNNER_MEMORY_MB = env_int("AIRLOCK_RUNNER_MEMORY_MB", host_memory_mb(), minimum=64)
+# (the default leaves an eighth, at least 1 GiB, to the control plane, its database and the host)
+_MEMORY_MB = host_memory_mb()
+AIRLOCK_RUNNER_MEMORY_MB = env_int("AIRLOCK_RUNNER_MEMORY_MB", max(64, _MEMORY_MB - max(1024, _MEMORY_MB // 8)),
+                                   minimum=64)
 AIRLOCK_TENANT_MEMORY_SHARE = env_float("AIRLOCK_TENANT_MEMORY_SHARE", 0.5, minimum=0.01)
 # How fast one tenant's output is read from its sandboxes on a runner (sessions/runner/core.py):
 # past it its commands wait on their own writes, so a flood costs the server (redaction, events)

@@ -116,6 +116,6 @@ def file_operation(*, session: Session, op: str, path: str, data: bytes | None =
     reply = runner_call(session.runner_id, message, timeout_s=WRITE_DEADLINE_S + 30)
     if not reply.get("ok"):
         status = {"not_found": 404, "quota_exceeded": 507, "file_too_large": 413, "session_not_active": 409,
-                  "runner_timeout": 504, "runner_unreachable": 503}.get(reply.get("error"), 400)
+                  "runner_timeout": 504, "runner_unreachable": 503, "session_busy": 429}.get(reply.get("error"), 400)
         raise BrokerError(reply.get("error", "workspace_error"), reply.get("detail", ""), status)
     return reply.get("data")

@@ -41,12 +41,13 @@ from sessions.workspace import WRITE_DEADLINE_S, WorkspaceError, checkout, file_
 log = logging.getLogger("airlock.runner")
 REPLY_GRACE_S = 1  # for clocks of hosts that differ a little
 OUTPUT_BURST = 256 * 1024  # bytes of a tenant's output read at once before its rate applies
+MAX_QUEUED = 16  # jobs (commands, file operations) waiting in one session's queue
 
 
 def _answer_queued(live: "LiveSession") -> None:
     """Answer every queued job `session_not_active` (a caller may be waiting for it)."""
     while not live.jobs.empty():
-        _, done = live.jobs.get_nowait()
+        _, done, _ = live.jobs.get_nowait()
         if done is not None and not done.done():
             done.set_result({"ok": False, "error": "session_not_active", "detail": "the session ended"})
 
@@ -249,20 +250,29 @@ class RunnerService:
         live.worker = asyncio.create_task(self._work(live))
         return {"ok": True}
 
-    def _enqueue(self, session_id: str, job) -> asyncio.Future | None:
+    def _enqueue(self, session_id: str, job, *, reply_by: float | None = None) -> asyncio.Future | dict | None:
+        """The job's future; None when the session is not active here; a refusal (a dict) when
+        its queue is full: a session holds at most MAX_QUEUED jobs, so calls that gave up (and
+        their file bodies) cannot pile up in the runner. A job whose caller stopped waiting
+        before it started (`reply_by`) is dropped unrun."""
         live = self.live.get(session_id)
         if live is None or live.worker is None or live.releasing is not None:
             return None
+        if live.jobs.qsize() >= MAX_QUEUED:
+            return {"ok": False, "error": "session_busy", "detail": f"the session already has {MAX_QUEUED} commands "
+                    "and file operations queued; wait for them to run"}
         done = self.loop.create_future()
-        live.jobs.put_nowait((job, done))
+        live.jobs.put_nowait((job, done, reply_by + REPLY_GRACE_S if reply_by is not None else float("inf")))
         return done
 
     async def _command(self, message: dict) -> dict:
         plan = records.command_plan(message)
         done = self._enqueue(message["session"], lambda live: self._run_command(live, message["command"], plan))
-        if done is None:
-            await self.db(records.command_fail_queued, command_id=message["command"], reason="session not active")
-            return {"ok": False, "error": "session_not_active", "detail": "the session is not active on its runner"}
+        if done is None or isinstance(done, dict):
+            reason = "session not active" if done is None else "session busy"
+            await self.db(records.command_fail_queued, command_id=message["command"], reason=reason)
+            return done or {"ok": False, "error": "session_not_active",
+                            "detail": "the session is not active on its runner"}
         return await done if message.get("wait") else {"ok": True}
 
     async def _file(self, message: dict) -> dict:
@@ -285,10 +295,10 @@ class RunnerService:
             await self.db(records.session_touch, session_id=live.id)
             return {"ok": True, "data": data} if data is not None else {"ok": True}
 
-        done = self._enqueue(message["session"], job)
+        done = self._enqueue(message["session"], job, reply_by=message.get("reply_by"))
         if done is None:
             return {"ok": False, "error": "session_not_active", "detail": "the session is not active on its runner"}
-        return await done
+        return done if isinstance(done, dict) else await done
 
     async def _release(self, message: dict) -> dict:
         await self.release(message["session"])
@@ -306,9 +316,13 @@ class RunnerService:
     # -- a session's worker ----------------------------------------------------------------
     async def _work(self, live: LiveSession) -> None:
         while True:
-            job, done = await live.jobs.get()
+            job, done, reply_by = await live.jobs.get()
             if job is None:
                 return
+            if time.time() > reply_by:  # its caller gave up: never run it
+                if not done.done():
+                    done.set_result({"ok": False, "error": "runner_timeout", "detail": "its caller stopped waiting"})
+                continue
             try:
                 result = await job(live)
             except Exception as exc:
@@ -396,7 +410,7 @@ class RunnerService:
         be destroyed is left to the reaper (its session has ended)."""
         try:
             _answer_queued(live)
-            live.jobs.put_nowait((None, None))
+            live.jobs.put_nowait((None, None, None))
             deadline = time.monotonic() + 30
             while live.worker is not None and not live.worker.done() and time.monotonic() < deadline:
                 if live.sandbox is not None:

@@ -171,8 +171,9 @@ class CgroupManager:
         quota = str(max(1000, int(cpus * period)))
         level = TENANT_LEVEL + hashlib.sha256(tenant.encode()).hexdigest()[:12]
         for base in self.bases.values():
-            (base / level).mkdir(exist_ok=True)
-        if self.version == 2:  # the tenant level hands its controllers down (it holds no process itself)
+            (base / level).mkdir(parents=True, exist_ok=True)  # (parents: another deployment's sweep raced ours)
+        if self.version == 2:  # each level hands its controllers down (none holds a process itself)
+            _write(self.bases["unified"] / "cgroup.subtree_control", "+memory +pids +cpu")
             _write(self.bases["unified"] / level / "cgroup.subtree_control", "+memory +pids +cpu")
         self._levels[sandbox_id] = level
         paths = self.paths(sandbox_id)

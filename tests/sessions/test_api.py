@@ -569,3 +569,22 @@ def test_a_tenant_reserves_at_most_its_share_of_the_runners_memory(agent, acme_p
     assert "AIRLOCK_TENANT_MEMORY_SHARE" in refused.json()["detail"]
     publish(globex)
     Agent(api, make_key(globex).key).open()  # the room it could not take is another tenant's
+
+
+def test_a_session_queues_at_most_sixteen_jobs_behind_its_running_one(agent):
+    from sessions.runner.core import MAX_QUEUED
+
+    session = agent.open()
+    assert agent.run(session, "sleep", "3", wait=False).status_code == 202
+    deadline = time.monotonic() + 10
+    while not CommandRun.objects.filter(session_id=session["id"], state="running").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    queued = [agent.run(session, "printf", str(n), wait=False).json()["id"] for n in range(MAX_QUEUED + 1)]
+    deadline = time.monotonic() + 30
+    while CommandRun.objects.filter(session_id=session["id"], state__in=["queued", "running"]).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    states = [(c.state, c.reason) for c in (CommandRun.objects.get(pk=pk) for pk in queued)]
+    assert states[:MAX_QUEUED] == [("exited", "exited")] * MAX_QUEUED
+    assert states[MAX_QUEUED] == ("failed", "session busy")
