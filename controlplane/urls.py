@@ -17,6 +17,7 @@ tenant_patterns = [
     path("settings/keys/<uuid:key_id>/revoke", views.api_key_revoke, name="api-key-revoke"),
     path("", include("sessions.urls")),
     path("", include("policies_app.urls")),
+    path("", views.tenant_home, name="tenant-home"),
 ]
 
 urlpatterns = [

@@ -24,6 +24,12 @@ def home(request):
 
 
 @tenant_view("read")
+def tenant_home(request):
+    """/t/<tenant>/ itself: the tenant's first page (an outsider gets 404, as everywhere)."""
+    return redirect("sessions", tenant_slug=request.tenant.slug)
+
+
+@tenant_view("read")
 def audit(request):
     form = AuditFilterForm(request.GET or None)
     filters = form.filters() if form.is_bound and form.is_valid() else {}

@@ -66,3 +66,9 @@ def test_the_api_docs_script_is_served_apart_from_the_page(client, db):
     assert page.status_code == 200 and "<script>" not in page.content.decode()
     script = client.get("/api/docs/?script")
     assert script.status_code == 200 and script["Content-Type"].startswith("application/javascript")
+
+
+def test_a_tenants_own_address_leads_to_its_sessions_and_stays_closed_to_outsiders(alice, charlie, client_for):
+    response = client_for(alice).get("/t/acme/")
+    assert response.status_code == 302 and response["Location"] == reverse("sessions", args=["acme"])
+    assert client_for(charlie).get("/t/acme/").status_code == 404
