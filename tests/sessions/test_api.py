@@ -280,7 +280,7 @@ def test_one_tenant_holds_at_most_its_share_of_the_waiting_threads(agent, acme, 
 
     settings.AIRLOCK_API_WAITING_PER_TENANT = 2
     session = agent.open()
-    assert agent.run(session, "sleep", "3", wait=False).status_code == 202  # the session's jobs queue behind it
+    assert agent.run(session, "sleep", "2", wait=False).status_code == 202  # the session's jobs queue behind it
     answers = []
     readers = [threading.Thread(target=lambda: answers.append(agent.get(session, "nothing").status_code))
                for _ in range(2)]
@@ -498,7 +498,7 @@ def test_a_tenant_opens_at_most_its_limit_of_sessions_and_the_refusal_is_recorde
 def test_a_tenant_queues_at_most_its_limit_of_commands(agent, acme, settings):
     settings.AIRLOCK_MAX_COMMANDS_PER_TENANT = 1
     busy, other = agent.open(), agent.open()
-    assert agent.run(busy, "sleep", "3", wait=False).status_code == 202
+    assert agent.run(busy, "sleep", "2", wait=False).status_code == 202
     refused = agent.run(other, "printf", "x")
     assert refused.status_code == 429 and refused.json()["error"] == "too_many_commands"
     assert refused.json()["decision"]["reason_code"] == "tenant_limit"
@@ -575,7 +575,7 @@ def test_a_session_queues_at_most_sixteen_jobs_behind_its_running_one(agent):
     from sessions.runner.core import MAX_QUEUED
 
     session = agent.open()
-    assert agent.run(session, "sleep", "3", wait=False).status_code == 202
+    assert agent.run(session, "sleep", "2", wait=False).status_code == 202
     deadline = time.monotonic() + 10
     while not CommandRun.objects.filter(session_id=session["id"], state="running").exists():
         assert time.monotonic() < deadline
