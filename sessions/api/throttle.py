@@ -5,11 +5,11 @@ answered 429 at once, before any of the request's work. So a tenant that floods 
 only itself, and what it costs the server is bounded whatever it sends.
 
 Who a request is from comes from its bearer token (an API key, or a session token: whose it is
-never changes), looked up once and remembered by the token's hash, the last _MAX_TOKENS of them
-(the lookup itself is paced in the
-bucket of tokenless requests, so a flood of made-up tokens costs lookups at that rate only); a
-request with no token, or one this deployment did not issue, is paced in that bucket too. The
-view still authenticates every request: this only decides when it may run."""
+never changes), looked up once and remembered by the token's hash, the last _MAX_TOKENS of them.
+The lookup itself is paced in the bucket of tokenless requests, so a flood of made-up tokens
+costs lookups at that rate only; a request with no token, or one this deployment did not issue,
+is paced in that bucket too. The view still authenticates every request: this only decides when
+it may run."""
 
 import asyncio
 import collections
@@ -18,7 +18,7 @@ import json
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from controlplane.api.auth import key_tenant_id
 from controlplane.api.handler import HEADERS
@@ -76,7 +76,10 @@ class TenantThrottle:
             return None
         if wait:
             await asyncio.sleep(wait)
-        tenant = await sync_to_async(_tenant_of, thread_sensitive=False)(token)
+        try:
+            tenant = await sync_to_async(_tenant_of, thread_sensitive=False)(token)
+        except DatabaseError:  # the database is away: paced as tokenless; the view answers for it
+            return ANONYMOUS
         self.tenants[digest] = tenant
         self.tenants.move_to_end(digest)
         while len(self.tenants) > _MAX_TOKENS:
