@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,7 @@ class CgroupManager:
         self.bases: dict[str, Path] = self._find_bases(root)
         self.owners = owners
         self._levels: dict[str, str] = {}  # sandbox id -> its tenant level
+        self._level_lock = threading.Lock()
         self.available = self._prepare()
         if self.available and owner is not None:
             self._record_owner(owner)
@@ -170,15 +172,16 @@ class CgroupManager:
         period = 100_000
         quota = str(max(1000, int(cpus * period)))
         level = TENANT_LEVEL + hashlib.sha256(tenant.encode()).hexdigest()[:12]
-        for base in self.bases.values():
-            (base / level).mkdir(parents=True, exist_ok=True)  # (parents: another deployment's sweep raced ours)
-        if self.version == 2:  # each level hands its controllers down (none holds a process itself)
-            _write(self.bases["unified"] / "cgroup.subtree_control", "+memory +pids +cpu")
-            _write(self.bases["unified"] / level / "cgroup.subtree_control", "+memory +pids +cpu")
         self._levels[sandbox_id] = level
         paths = self.paths(sandbox_id)
-        for path in paths.values():
-            path.mkdir(exist_ok=True)
+        with self._level_lock:  # a tenant's level is not removed (its last sandbox gone) while one is added
+            for base in self.bases.values():
+                (base / level).mkdir(parents=True, exist_ok=True)  # (parents: another deployment's sweep raced ours)
+            if self.version == 2:  # each level hands its controllers down (none holds a process itself)
+                _write(self.bases["unified"] / "cgroup.subtree_control", "+memory +pids +cpu")
+                _write(self.bases["unified"] / level / "cgroup.subtree_control", "+memory +pids +cpu")
+            for path in paths.values():
+                path.mkdir(exist_ok=True)
         if self.version == 2:
             group = paths["unified"]
             _write(group / "memory.max", memory)
@@ -273,7 +276,7 @@ class CgroupManager:
                         raise SandboxError(f"cgroup {path} could not be removed: {exc.strerror}") from None
                     time.sleep(0.005)
             if path.parent.name.startswith(TENANT_LEVEL):
-                with contextlib.suppress(OSError):  # the tenant's last sandbox here: its level goes too
+                with self._level_lock, contextlib.suppress(OSError):  # the tenant's last sandbox: its level goes too
                     path.parent.rmdir()
         self._levels.pop(sandbox_id, None)
 
