@@ -72,6 +72,7 @@ class Attack:
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
         self.answers: dict[int, int] = {}
+        self.sessions: list[dict] = []  # B's, ended after the attack
         self.lock = threading.Lock()
 
     def count(self, status: int) -> None:
@@ -127,8 +128,6 @@ def flood_attack(attack: Attack) -> None:
 
 
 def sessions_attack(attack: Attack) -> None:
-    attack.sessions = []
-
     def agent() -> None:
         mine = Api(attack.url, attack.key)
         status, session = mine.call("POST", "/api/v1/sessions", {"conversation_id": "b", "policy": "bench"})
@@ -188,7 +187,7 @@ def main() -> None:
             time.sleep(options.seconds)
             create, execs = tenant_a(url, key_a, options.runs)
             answers = attack.stop()
-            end_all(url, key_b, getattr(attack, "sessions", []))
+            end_all(url, key_b, attack.sessions)
             print(f"  while {name}: B's answers {answers}")
             print(line("    A: session create", create, alone_create))
             print(line("    A: exec `true` round trip", execs, alone_exec))

@@ -21,9 +21,10 @@ def policy_for(path: str) -> str:
     return API if path.startswith(API_PREFIX) else DASHBOARD
 
 
-def transport_security(request) -> str | None:
-    """The Strict-Transport-Security value for this request, or None (plain HTTP, or turned off)."""
-    if not request.is_secure() or not settings.SECURE_HSTS_SECONDS:
+def transport_security(secure: bool) -> str | None:
+    """The Strict-Transport-Security value for a response over HTTPS (`secure`), or None (plain
+    HTTP, or turned off)."""
+    if not secure or not settings.SECURE_HSTS_SECONDS:
         return None
     return f"max-age={settings.SECURE_HSTS_SECONDS}"
 

@@ -38,7 +38,7 @@ class ApiHandler(ASGIHandler):
             response = await handled(request)
             for name, value in HEADERS.items():  # on every response, errors included
                 response.headers.setdefault(name, value)
-            if hsts := security.transport_security(request):
+            if hsts := security.transport_security(request.is_secure()):
                 response.headers.setdefault("Strict-Transport-Security", hsts)
             return response
 

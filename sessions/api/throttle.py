@@ -20,6 +20,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
+from controlplane import security
 from controlplane.api.auth import key_tenant_id
 from controlplane.api.handler import HEADERS
 from sessions.models import TOKEN_PREFIX
@@ -110,7 +111,7 @@ async def _too_many(scope, send, per_s: float) -> None:
     headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"),
                (b"content-length", str(len(body)).encode()),
                *((name.lower().encode(), value.encode()) for name, value in HEADERS.items())]
-    if scope.get("scheme") == "https" and settings.SECURE_HSTS_SECONDS:  # (behind a proxy: the handler's HSTS)
-        headers.append((b"strict-transport-security", f"max-age={settings.SECURE_HSTS_SECONDS}".encode()))
+    if hsts := security.transport_security(scope.get("scheme") == "https"):
+        headers.append((b"strict-transport-security", hsts.encode()))
     await send({"type": "http.response.start", "status": 429, "headers": headers})
     await send({"type": "http.response.body", "body": body})

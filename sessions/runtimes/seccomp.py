@@ -126,30 +126,31 @@ def program_fd() -> int:
 def docker_profile() -> str:
     """The same rules in Docker's seccomp profile format (what `--security-opt seccomp=` takes)."""
 
-    def rule(names, action="SCMP_ACT_ALLOW", errno_ret=None, *more, **first):
+    def rule(names, *args: dict, action: str = "SCMP_ACT_ALLOW", errno_ret: int | None = None) -> dict:
         entry = {"names": list(names), "action": action}
         if errno_ret is not None:
             entry["errnoRet"] = errno_ret
-        if first:
-            entry["args"] = [{"index": 0, **first}, *more]
+        if args:
+            entry["args"] = list(args)
         return entry
 
-    route = {"index": 2, "value": NETLINK_ROUTE}
+    def arg(index: int, value: int, op: str = "SCMP_CMP_EQ", **more) -> dict:
+        return {"index": index, "value": value, "op": op, **more}
 
+    refuse = {"action": "SCMP_ACT_ERRNO"}
     rules = [
         rule(ALLOWED),
-        *(rule(["personality"], value=persona, op="SCMP_CMP_EQ") for persona in PERSONALITIES),
-        rule(["clone"], value=NAMESPACE_FLAGS, valueTwo=0, op="SCMP_CMP_MASKED_EQ"),
-        rule(["socket"], value=AF_UNIX, op="SCMP_CMP_EQ"),
-        rule(["socketpair"], value=AF_UNIX, op="SCMP_CMP_EQ"),
-        *(rule(["socket"], "SCMP_ACT_ALLOW", None, {"index": 2, "value": protocol, "op": "SCMP_CMP_EQ"},
-               value=family, op="SCMP_CMP_EQ")
+        *(rule(["personality"], arg(0, persona)) for persona in PERSONALITIES),
+        rule(["clone"], arg(0, NAMESPACE_FLAGS, "SCMP_CMP_MASKED_EQ", valueTwo=0)),
+        rule(["socket"], arg(0, AF_UNIX)),
+        rule(["socketpair"], arg(0, AF_UNIX)),
+        *(rule(["socket"], arg(0, family), arg(2, protocol))
           for family, protocols in IP_PROTOCOLS.items() for protocol in protocols),
-        rule(["socket"], "SCMP_ACT_ALLOW", None, {**route, "op": "SCMP_CMP_EQ"}, value=AF_NETLINK, op="SCMP_CMP_EQ"),
-        rule(["socket"], "SCMP_ACT_ERRNO", errno.EPROTONOSUPPORT, {**route, "op": "SCMP_CMP_NE"},
-             value=AF_NETLINK, op="SCMP_CMP_EQ"),
-        rule(ENOSYS_CALLS, "SCMP_ACT_ERRNO", errno.ENOSYS),
-        *(rule(["socket"], "SCMP_ACT_ERRNO", errno.EAFNOSUPPORT, value=family, op="SCMP_CMP_EQ")
+        rule(["socket"], arg(0, AF_NETLINK), arg(2, NETLINK_ROUTE)),
+        rule(["socket"], arg(0, AF_NETLINK), arg(2, NETLINK_ROUTE, "SCMP_CMP_NE"), **refuse,
+             errno_ret=errno.EPROTONOSUPPORT),
+        rule(ENOSYS_CALLS, **refuse, errno_ret=errno.ENOSYS),
+        *(rule(["socket"], arg(0, family), **refuse, errno_ret=errno.EAFNOSUPPORT)
           for family in range(AF_MAX) if family not in (*SOCKET_FAMILIES, AF_NETLINK)),
     ]
     return json.dumps({"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": errno.EPERM,
