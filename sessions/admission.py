@@ -26,6 +26,7 @@ from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from controlplane import rows
 from sessions.models import ACTIVE_STATES, CommandRun, CommandState, Runner, Session
 from sessions.runtimes.base import Limits
 
@@ -79,7 +80,7 @@ def lock_tenant(tenant) -> None:
     """Take the tenant's row for the rest of the transaction, so that counting what it has and
     adding to it is one step (SQLite's writers are one at a time already)."""
     if connection.features.has_select_for_update:
-        type(tenant).objects.select_for_update().filter(pk=tenant.pk).first()
+        rows.select(type(tenant), ("pk",), {"pk": tenant.pk}, for_update=True)
 
 
 def sessions_refusal(tenant, need_mb: int) -> str | None:
@@ -105,8 +106,8 @@ def sessions_refusal(tenant, need_mb: int) -> str | None:
 def commands_refusal(tenant) -> str | None:
     """Why the tenant may not queue one more command now, or None."""
     limit = settings.AIRLOCK_MAX_COMMANDS_PER_TENANT
-    waiting = CommandRun.objects.filter(session__tenant=tenant, state__in=(CommandState.QUEUED, CommandState.RUNNING))
-    if waiting.count() >= limit:
+    waiting = {"session__tenant": tenant.pk, "state": (CommandState.QUEUED, CommandState.RUNNING)}
+    if rows.count(CommandRun, waiting) >= limit:
         return (f"tenant {tenant.slug} has {limit} commands queued or running, the most "
                 "AIRLOCK_MAX_COMMANDS_PER_TENANT allows")
     return None

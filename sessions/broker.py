@@ -10,6 +10,7 @@ from datetime import datetime
 
 from django.db import transaction
 
+from controlplane import rows
 from controlplane.redaction import configured_secrets, redact_data
 from policies_app.decisions import Evaluation, allow_file, decide, record_payload, refuse
 from sessions import admission, services
@@ -38,8 +39,7 @@ def command_propose(*, session: Session, request: dict, wait: bool) -> CommandRu
     """Decide, queue, hand to the runner. Raises BrokerError(command_denied) with the decision."""
     secrets = configured_secrets()
     with transaction.atomic():
-        state, expires_at = (Session.objects.select_for_update().filter(pk=session.pk)
-                             .values_list("state", "expires_at").get())
+        [(state, expires_at)] = rows.select(Session, ("state", "expires_at"), {"pk": session.pk}, for_update=True)
         why = not_live(state, expires_at)
         over = None
         if why is None:

@@ -4,13 +4,16 @@ consumers find a session only with these, so a cross-tenant read cannot be writt
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
+from controlplane import rows
 from controlplane.models import Tenant
 from policies_app.models import DecisionRecord
 from sessions.models import ACTIVE_STATES, CommandRun, Session, hash_token
 
+SESSION_RELATED = ("tenant", "policy_version__policy")
+
 
 def session_list(tenant: Tenant) -> QuerySet[Session]:
-    return Session.objects.filter(tenant=tenant).select_related("tenant", "policy_version__policy")
+    return Session.objects.filter(tenant=tenant).select_related(*SESSION_RELATED)
 
 
 def session_get(tenant: Tenant, session_id) -> Session:
@@ -29,11 +32,9 @@ def session_search(tenant: Tenant, *, conversation_id: str = "", state: str = ""
 
 
 def session_by_token(token: str) -> Session | None:
-    """The token's session (its hash is unique: no ordering to compile, on every request)."""
-    try:
-        return Session.objects.select_related("tenant", "policy_version__policy").get(token_hash=hash_token(token))
-    except Session.DoesNotExist:
-        return None
+    """The token's session, with what session_list joins (on every request of an agent: one
+    statement, compiled once, controlplane/rows.py; its hash is unique)."""
+    return rows.get(Session, {"token_hash": hash_token(token)}, related=SESSION_RELATED)
 
 
 def session_decisions(session: Session) -> QuerySet[DecisionRecord]:

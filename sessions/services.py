@@ -5,7 +5,6 @@ import functools
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from controlplane import rows
@@ -41,7 +40,7 @@ def _runtime_as_written(source: str) -> Runtime | None:
 
 
 def session_touch(*, session_id) -> None:
-    Session.objects.filter(pk=session_id).update(last_activity_at=timezone.now())
+    rows.update(Session, {"pk": session_id}, {"last_activity_at": timezone.now()})
 
 
 def session_record_stats(*, session_id, cpu_s, memory_bytes, disk_bytes) -> None:
@@ -59,21 +58,22 @@ def command_queue(*, session: Session, argv: list[str], cwd: str, timeout_s: int
 def command_start(*, command_id):
     """Mark a queued command running; returns its start time, or None if it was no longer queued."""
     now = timezone.now()
-    marked = CommandRun.objects.filter(pk=command_id, state=CommandState.QUEUED).update(
-        state=CommandState.RUNNING, started_at=now)
+    marked = rows.update(CommandRun, {"pk": command_id, "state": CommandState.QUEUED},
+                         {"state": CommandState.RUNNING, "started_at": now})
     return now if marked else None
 
 
 @transaction.atomic
-def command_finish(*, session_id, command_id, exit_code: int | None, reason: str, output: str, truncated: bool,
-                   output_bytes: int, duration_ms: int) -> dict:
-    """Record a command's end, and its session's activity, in one transaction; returns the fields
-    written (a waiting caller answers with them)."""
+def command_finish(*, session_id, command_id, started_at, exit_code: int | None, reason: str, output: str,
+                   truncated: bool, output_bytes: int, duration_ms: int) -> dict:
+    """Record the end of a command that started at `started_at` (command_start), and its
+    session's activity, in one transaction; returns the fields written (a waiting caller answers
+    with them)."""
     fields = {"state": COMMAND_STATE_BY_REASON.get(reason, CommandState.FAILED), "exit_code": exit_code,
               "reason": reason, "output": output, "truncated": truncated, "output_bytes": output_bytes,
-              "duration_ms": duration_ms, "ended_at": timezone.now()}
-    CommandRun.objects.filter(pk=command_id).update(**fields, started_at=Coalesce("started_at", fields["ended_at"]))
-    Session.objects.filter(pk=session_id).update(last_activity_at=fields["ended_at"])
+              "duration_ms": duration_ms, "started_at": started_at, "ended_at": timezone.now()}
+    rows.update(CommandRun, {"pk": command_id}, fields)
+    rows.update(Session, {"pk": session_id}, {"last_activity_at": fields["ended_at"]})
     return fields
 
 

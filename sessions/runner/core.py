@@ -354,7 +354,7 @@ class RunnerService:
             await live.egress.flush()
         if started_at is not None:  # else it was cancelled meanwhile (its session ended): that state stays
             written = await self.db(records.command_finish, session_id=live.id, command_id=command_id,
-                                    status=status, output=output)
+                                    started_at=started_at, status=status, output=output)
             # Plain values only: the reply may cross the channel layer (msgpack).
             result = {**written, "state": str(written["state"]), "started_at": started_at.isoformat(),
                       "ended_at": written["ended_at"].isoformat()}

@@ -166,11 +166,11 @@ def command_plan(message: dict) -> CommandPlan:
 command_start = services.command_start
 
 
-def command_finish(*, session_id, command_id, status: ExitStatus, output: CommandOutput) -> dict:
+def command_finish(*, session_id, command_id, started_at, status: ExitStatus, output: CommandOutput) -> dict:
     return services.command_finish(
-        session_id=session_id, command_id=command_id, exit_code=status.exit_code, reason=status.reason,
-        output=output.tail.text, truncated=output.tail.truncated, output_bytes=status.output_bytes,
-        duration_ms=status.duration_ms,
+        session_id=session_id, command_id=command_id, started_at=started_at, exit_code=status.exit_code,
+        reason=status.reason, output=output.tail.text, truncated=output.tail.truncated,
+        output_bytes=status.output_bytes, duration_ms=status.duration_ms,
     )
 
 
