@@ -32,6 +32,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane import rows
 from controlplane.audit import audit_record
 from controlplane.models import Tenant
 from controlplane.redaction import configured_secrets
@@ -144,12 +145,13 @@ def _create(*, tenant: Tenant, conversation_id: str, version: PolicyVersion, run
         raise _TenantLimit(why)
     token = new_token()
     now = timezone.now()
-    session = Session.objects.create(
+    session = Session(
         tenant=tenant, conversation_id=conversation_id, policy_version=version, driver=services.driver_of(version)[0],
         runner=runner, token_hash=hash_token(token), workspace_source=repository, created_by=created_by[:100],
         created_at=now, last_activity_at=now, reserved_mb=reserved_mb,
         expires_at=now + timedelta(seconds=version.document["limits"]["session_ttl_s"]),
     )
+    rows.insert([session])
     session_changed_on_commit(session)
     return session, token
 
