@@ -5,15 +5,20 @@ runs about ten of them (docs/architecture.md, "A command's way").
 
 Each helper builds its SQL from the model's metadata (table and column names, quoted by the
 connection), prepares every value with its field as the ORM would (`get_db_prep_value`), and
-converts what it reads back with the field (`from_db_value`), so SQLite and PostgreSQL hold and
-return exactly what the ORM would write and read. Conditions are equalities, or membership for
-a tuple or list value; anything richer belongs to the ORM."""
+converts what it reads back with the converters the ORM's compiler applies, so SQLite and
+PostgreSQL hold and return exactly what the ORM would write and read. Conditions are
+equalities, or membership for a tuple or list value; anything richer (and a model that inherits
+another's table) belongs to the ORM. Statements run on the default database: Airlock has one."""
 
+import weakref
 from collections.abc import Iterable
 from functools import lru_cache
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Model
+from django.db.transaction import TransactionManagementError
+
+_known_readers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # connection -> {field: reader}
 
 
 def insert(records: list[Model]) -> None:
@@ -50,12 +55,14 @@ def update(model: type[Model], where: dict, values: dict) -> int:
 def select(model: type[Model], columns: Iterable[str], where: dict, *, for_update: bool = False) -> list[tuple]:
     """The columns (field names) of the rows matching `where`, converted as the ORM reads them;
     `for_update` locks them for the transaction where the database can (PostgreSQL)."""
+    if for_update and not connection.in_atomic_block:
+        raise TransactionManagementError("rows.select(for_update=True) locks until the transaction ends: run it in one")
     kind = "select for update" if for_update and connection.features.has_select_for_update else "select"
     sql, fields, where_fields = _statement(model, kind, tuple(columns), _shape(where), connection.vendor)
     with connection.cursor() as cursor:
         cursor.execute(sql, _params(where_fields, where))
         found = cursor.fetchall()
-    readers = [_reader(field, connection.vendor) for field in fields]
+    readers = _readers(fields)
     return [tuple(_convert(value, reader) for value, reader in zip(row, readers, strict=True)) for row in found]
 
 
@@ -72,8 +79,8 @@ def get(model: type[Model], where: dict, *, related: tuple[str, ...] = ()) -> Mo
     if not found:
         return None
     values, instances = iter(found[0]), {}
-    for path, joined, parent, via, names, readers, pk_at in models:
-        row = [_convert(next(values), reader) for reader in readers]
+    for path, joined, parent, via, names, fields, pk_at in models:
+        row = [_convert(next(values), reader) for reader in _readers(fields)]
         instance = None if row[pk_at] is None else joined.from_db(connection.alias, names, row)
         instances[path] = instance
         if parent is not None and instances[parent] is not None:
@@ -137,7 +144,7 @@ def _joined(model: type[Model], related: tuple[str, ...], shape: tuple, vendor: 
     """rows.get's SELECT: every concrete column of the model and of each related row (LEFT
     JOINs, so a null foreign key gives None); and per model, in column order, (its path, the
     model, its parent's path, the parent's field that holds it, its columns' attribute names,
-    their readers, where its primary key is among them)."""
+    their fields, where its primary key is among them)."""
     models = [("", model, None, None)]  # completed below
     aliases = {"": "t0"}
     joins = []
@@ -158,7 +165,7 @@ def _joined(model: type[Model], related: tuple[str, ...], shape: tuple, vendor: 
     columns = ", ".join(f"{aliases[path]}.{_quote(field.column)}"
                         for path, joined, _, _ in models for field in joined._meta.concrete_fields)
     models = [(path, joined, parent, via, [field.attname for field in joined._meta.concrete_fields],
-               [_reader(field, vendor) for field in joined._meta.concrete_fields],
+               joined._meta.concrete_fields,
                joined._meta.concrete_fields.index(joined._meta.pk)) for path, joined, parent, via in models]
     where, where_fields = _conditions(model, shape, "t0.")
     sql = f"SELECT {columns} FROM {_quote(model._meta.db_table)} t0 {' '.join(joins)} WHERE {where}"  # noqa: S608
@@ -189,6 +196,8 @@ def _conditions(model: type[Model], shape: tuple, prefix: str = "") -> tuple[str
 
 def _field(model: type[Model], name: str):
     """A concrete field by name or attname (`session` and `session_id` alike)."""
+    if model._meta.parents:
+        raise ValueError(f"rows: {model.__name__} inherits another model's table; use the ORM")
     field = model._meta.pk if name == "pk" else model._meta.get_field(name)
     if not field.concrete:
         raise ValueError(f"rows: {model.__name__}.{name} is not a column")
@@ -199,11 +208,23 @@ def _quote(name: str) -> str:
     return connection.ops.quote_name(name)
 
 
-@lru_cache(maxsize=256)
-def _reader(field, vendor: str) -> tuple:
-    """The column expression and the converters the ORM applies to what the database returns."""
-    column = field.get_col(field.model._meta.db_table)
-    return column, tuple(connection.ops.get_db_converters(column) + field.get_db_converters(connection))
+def _readers(fields) -> list[tuple]:
+    """Per field, its column expression and the converters the ORM's compiler applies to what
+    the database returns for it (the backend's, then the column's: a foreign key's include its
+    target's). Converters are bound to one connection (this thread's): kept per connection."""
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    known = _known_readers.get(wrapper)
+    if known is None:
+        known = _known_readers[wrapper] = {}
+    readers = []
+    for field in fields:
+        reader = known.get(field)
+        if reader is None:
+            column = field.get_col(field.model._meta.db_table)
+            reader = known[field] = (column, tuple(wrapper.ops.get_db_converters(column)
+                                                   + column.get_db_converters(wrapper)))
+        readers.append(reader)
+    return readers
 
 
 def _convert(value, reader: tuple):

@@ -69,6 +69,8 @@ def command_finish(*, session_id, command_id, started_at, exit_code: int | None,
     """Record the end of a command that started at `started_at` (command_start), and its
     session's activity, in one transaction; returns the fields written (a waiting caller answers
     with them)."""
+    if started_at is None:
+        raise ValueError("command_finish records a command that started: command_start gives its start time")
     fields = {"state": COMMAND_STATE_BY_REASON.get(reason, CommandState.FAILED), "exit_code": exit_code,
               "reason": reason, "output": output, "truncated": truncated, "output_bytes": output_bytes,
               "duration_ms": duration_ms, "started_at": started_at, "ended_at": timezone.now()}

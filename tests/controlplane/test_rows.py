@@ -1,10 +1,13 @@
 """controlplane/rows.py: statements built once from a model's metadata must read and write
 exactly what the ORM reads and writes, on SQLite and PostgreSQL alike."""
 
+import threading
 import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import DatabaseError, connection, transaction
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from controlplane import rows
@@ -30,14 +33,24 @@ def _command(session, **fields) -> CommandRun:
                                      decision=record, **fields)
 
 
+def _fields(instance) -> dict:
+    """Each column's value with its type: 1 == True, but a bool read back as 1 is a bug."""
+    return {field.attname: (type(getattr(instance, field.attname)), getattr(instance, field.attname))
+            for field in instance._meta.concrete_fields}
+
+
 def test_get_reads_every_field_and_its_related_rows_as_the_orm_does(session):
-    orm = Session.objects.select_related("tenant", "policy_version__policy").get(pk=session.pk)
-    got = rows.get(Session, {"token_hash": hash_token("ast_rows")}, related=("tenant", "policy_version__policy"))
-    for field in Session._meta.concrete_fields:
-        assert getattr(got, field.attname) == getattr(orm, field.attname), field.name
-    assert got.tenant.slug == "acme" and got.tenant == orm.tenant
-    assert got.policy_version.document == orm.policy_version.document
-    assert got.policy_version.policy.name == "p"
+    runner = Runner.objects.create(id="host-1-abc", hostname="host", pid=1, drivers=["bubblewrap"])
+    Session.objects.filter(pk=session.pk).update(runner=runner, cache_hit=True, prepare_ms=12, cpu_s=0.5,
+                                                 ready_at=timezone.now())
+    related = ("tenant", "policy_version__policy", "runner")
+    orm = Session.objects.select_related(*related).get(pk=session.pk)
+    got = rows.get(Session, {"token_hash": hash_token("ast_rows")}, related=related)
+    assert _fields(got) == _fields(orm)
+    for path in ("tenant", "policy_version", "runner"):
+        assert _fields(getattr(got, path)) == _fields(getattr(orm, path)), path
+    assert _fields(got.policy_version.policy) == _fields(orm.policy_version.policy)
+    assert got.runner.drivers == ["bubblewrap"] and got.cache_hit is True
     assert not got._state.adding  # a saved row: save() updates it
     got.state_reason = "edited"
     got.save(update_fields=["state_reason"])
@@ -51,13 +64,45 @@ def test_get_gives_none_for_a_null_foreign_key_and_for_no_row(session, django_as
     assert rows.get(Session, {"token_hash": "no such hash"}, related=("tenant",)) is None
 
 
-def test_select_converts_values_and_locks_nothing_it_should_not(session):
+def test_select_converts_what_it_reads(session):
     command = _command(session)
     [(pk, argv, state, created)] = rows.select(CommandRun, ("pk", "argv", "state", "created_at"),
-                                               {"session": session.pk}, for_update=True)
+                                               {"session": session.pk})
     assert (pk, argv, state) == (command.pk, ["true", "ä b"], CommandState.QUEUED)
     assert created == CommandRun.objects.get(pk=command.pk).created_at and created.tzinfo is not None
     assert rows.select(CommandRun, ("pk",), {"session": uuid.uuid4()}) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_outside_a_transaction_is_refused(session):
+    with pytest.raises(TransactionManagementError):
+        rows.select(Session, ("pk",), {"pk": session.pk}, for_update=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_row_stays_locked_until_the_transaction_ends(session):
+    if not connection.features.has_select_for_update:
+        pytest.skip("SQLite has no row locks: its writers take the database's lock at BEGIN IMMEDIATE")
+    locked, release = threading.Event(), threading.Event()
+
+    def holder():
+        with transaction.atomic():
+            rows.select(Session, ("pk",), {"pk": session.pk}, for_update=True)
+            locked.set()
+            release.wait(10)
+        connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        with pytest.raises(DatabaseError), transaction.atomic():
+            Session.objects.select_for_update(nowait=True).filter(pk=session.pk).first()
+    finally:
+        release.set()
+        thread.join(10)
+    with transaction.atomic():  # free again
+        assert Session.objects.select_for_update(nowait=True).filter(pk=session.pk).first() is not None
 
 
 def test_update_changes_only_the_rows_its_condition_names(session):
