@@ -1,5 +1,8 @@
-"""ASGI entry point for daphne: HTTP (dashboard, API) and WebSockets."""
+"""ASGI entry point (served by controlplane/serve.py): HTTP (dashboard, API), WebSockets, and
+the lifespan of the server's own runner."""
 
+import json
+import logging
 import os
 import sys
 
@@ -21,7 +24,9 @@ from channels.security.websocket import OriginValidator
 from django.conf import settings
 
 from controlplane.routing import websocket_urlpatterns
-from sessions.runner.core import ensure_embedded_runner
+from sessions.runner.core import ensure_embedded_runner, stop_embedded_runner
+
+log = logging.getLogger("airlock.server")
 
 
 class BrowserOriginValidator(OriginValidator):
@@ -35,16 +40,78 @@ class BrowserOriginValidator(OriginValidator):
 
 
 class EmbeddedRunner:
-    """Starts the server's own runner on the server's event loop, at the first connection
-    (daphne has no start-up hook); every connection waits until it has started."""
+    """Starts the server's own runner on the server's event loop: at start-up (the ASGI
+    lifespan), or else at the first connection (a server without lifespan, a test's
+    communicator); every connection waits until it has started. Stopped at shutdown."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
         if scope["type"] in {"http", "websocket"}:
             await ensure_embedded_runner()
         return await self.app(scope, receive, send)
+
+    async def _lifespan(self, receive, send):
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await ensure_embedded_runner()
+                except Exception:  # served anyway: the first connection tries again, and says why
+                    log.exception("the server's runner could not start")
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await stop_embedded_runner("the server stopped")
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+class BoundedBodies:
+    """A request body longer than AIRLOCK_MAX_REQUEST_BYTES, declared or counted as it arrives,
+    is answered 413 before the application reads it (nothing of it is kept: the server drops
+    what the client still sends)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = settings.AIRLOCK_MAX_REQUEST_BYTES
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await _too_large(send, limit)
+        received, refused, started = 0, False, False
+
+        async def counted():
+            nonlocal received, refused
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:  # the application sees a client that left, and answers nothing
+                    refused = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counted, watched)
+        if refused and not started:
+            await _too_large(send, limit)
+
+
+async def _too_large(send, limit: int) -> None:
+    body = json.dumps({"error": "request_too_large",
+                       "detail": f"a request body may hold at most {limit} bytes"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 from controlplane.api.handler import API_PREFIX, ApiHandler  # noqa: E402
@@ -60,7 +127,7 @@ async def http_app(scope, receive, send):
 
 application = EmbeddedRunner(ProtocolTypeRouter(
     {
-        "http": http_app,
+        "http": BoundedBodies(http_app),
         "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
                                             settings.ALLOWED_HOSTS),
     }

@@ -51,7 +51,6 @@ elif not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-only-used-while-DEBUG-is-on-0123456789"  # noqa: S105
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

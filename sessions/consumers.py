@@ -12,7 +12,7 @@ layer dropped messages for a slow subscriber, or the runner's outbox was full) b
 `lagged` event instead of a silent hole.
 
 A subscriber that reads slowly never slows the runner nor grows the server's memory: the
-server waits for its connection to drain (controlplane/serve.py) while the consumer keeps
+server's send waits for its connection to drain (controlplane/serve.py) while the consumer keeps
 taking events off the channel layer into a bounded outbox. Output that does not fit is dropped
 and counted, and the next event it lets through is preceded by `lagged`; state and command
 events are kept. What the channel layer itself dropped (a full queue, under load) may include a
@@ -208,7 +208,10 @@ class SessionConsumer(OneWayJsonConsumer):
             while self.outbox:
                 event = self.outbox.popleft()
                 self.outbox_chars -= _size(event)
-                await self.send_json(event)  # waits while the connection drains
+                try:
+                    await self.send_json(event)  # waits while the connection drains
+                except OSError:  # the client is gone (the server says so); the disconnect follows
+                    return
             self.has_mail.clear()
 
     async def airlock_snapshot(self, message):

@@ -1,4 +1,4 @@
-"""A JSON client for tests that talk to a real server over loopback (daphne subprocesses)."""
+"""A JSON client for tests that talk to a real server over loopback (server subprocesses)."""
 
 import json
 import urllib.error

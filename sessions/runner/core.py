@@ -445,17 +445,35 @@ class RunnerService:
 
 
 _starting: asyncio.Lock | None = None
+_stopped = False
 
 
 async def ensure_embedded_runner() -> None:
-    """Start the server's own runner on the running loop once (the server's first request)."""
+    """Start the server's own runner on the running loop once (at start-up, or at the server's
+    first request), unless it was stopped."""
     global _starting
-    if local_runner() is not None or not settings.AIRLOCK_EMBEDDED_RUNNER:
+    if local_runner() is not None or not settings.AIRLOCK_EMBEDDED_RUNNER or _stopped:
         return
     if _starting is None:
         _starting = asyncio.Lock()
     async with _starting:
-        if local_runner() is None:
+        if local_runner() is None and not _stopped:
             runner = RunnerService(embedded=True)
             await runner.start()
             set_local_runner(runner)
+
+
+async def stop_embedded_runner(reason: str) -> None:
+    """Stop the server's own runner, if it runs: its sessions end `failed` with `reason` and
+    their sandboxes are destroyed. The server stops it before its connections close; none is
+    started again (a request on a connection still open meanwhile finds no runner)."""
+    global _stopped
+    _stopped = True
+    if _starting is not None:
+        async with _starting:  # a start under way ends first, then this stops what it started
+            pass
+    runner = local_runner()
+    if runner is None or not runner.embedded:
+        return
+    await runner.stop(reason)  # it is still the process's runner while it stops: its events go out
+    set_local_runner(None)

@@ -1,5 +1,5 @@
-"""Real Chromium (Debian's /usr/bin/chromium) driven by Playwright, against a real daphne server
-started the way `make run` starts it: fresh data directory, migrate, demo_setup, daphne."""
+"""Real Chromium (Debian's /usr/bin/chromium) driven by Playwright, against a real server
+started the way `make run` starts it: fresh data directory, migrate, demo_setup, controlplane.serve."""
 
 import os
 import re
@@ -82,13 +82,13 @@ def _wait_until_listening(port: int, process: subprocess.Popen, timeout_s: float
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"daphne exited: {process.stdout.read()}")
+            raise RuntimeError(f"the server exited: {process.stdout.read()}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.1)
-    raise RuntimeError("daphne did not start listening")
+    raise RuntimeError("the server did not start listening")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Sessions run on real bubblewrap sandboxes, driven by a real runner.
 
 `runner` starts the embedded runner the way the server does, on an event loop of its own (in
-a thread, as daphne's loop is to its request threads). Its database work happens in threads,
+a thread, as the server's loop is to its request threads). Its database work happens in threads,
 hence transactional tests. Skipped when bubblewrap cannot work here, except in CI."""
 
 import asyncio

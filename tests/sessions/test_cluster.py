@@ -1,4 +1,4 @@
-"""Separate runners over Redis, as in production: a daphne server without a runner of its own
+"""Separate runners over Redis, as in production: a server without a runner of its own
 and two `manage.py runner` processes, sharing a database, each owning its sandboxes.
 
 Needs Redis (127.0.0.1:6379, always there on these machines; required in CI)."""
