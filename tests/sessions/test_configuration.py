@@ -278,6 +278,19 @@ def test_airlock_max_request_bytes_refuses_a_longer_body_before_reading_it(deplo
     assert deployment.http("POST", "/login/", body=b"x" * 65536)[0] == 403  # read: CSRF refuses it
 
 
+def test_a_chunked_body_is_counted_as_it_arrives_and_refused_past_the_limit(deployment):
+    connection = http.client.HTTPConnection(HOST, deployment.port, timeout=30)
+    try:  # no Content-Length to refuse it by: it is counted as it arrives
+        connection.request("POST", "/login/", body=iter([b"x" * 40_000, b"x" * 40_000]), encode_chunked=True,
+                           headers={"Host": f"{HOST}:{deployment.port}", "Transfer-Encoding": "chunked"})
+        response = connection.getresponse()
+        assert response.status == 413 and b"65536 bytes" in response.read()
+        assert response.getheader("Server") is None  # the server does not say what it is
+    finally:
+        connection.close()
+    assert deployment.http("GET", "/healthz")[0] == 200  # and it serves on
+
+
 def test_airlock_max_file_bytes_bounds_the_files_written_and_read(deployment, sandboxes):
     session = deployment.open()
     status, body = deployment.put(session, "big.bin", b"x" * 2049)
