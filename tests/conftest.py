@@ -35,6 +35,17 @@ def django_db_setup(django_db_setup, django_db_blocker):
             cursor.execute(statement)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _api_threads_let_go_of_the_database(django_db_setup):
+    """The API's waiting threads keep their connections, as in a server; they close them before
+    the test database is dropped (PostgreSQL refuses to drop a database in use)."""
+    yield
+    from controlplane.threads import close_connections_and_shutdown
+    from sessions.api.views import waiting_pool
+
+    close_connections_and_shutdown(waiting_pool)
+
+
 @pytest.fixture
 def acme(db):
     return services.tenant_create(slug="acme", name="Acme Corp")

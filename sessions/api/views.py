@@ -30,7 +30,7 @@ AUTH = [SessionTokenAuthentication, ApiKeyAuthentication]
 # on these threads, not on the one thread Django gives all synchronous views under ASGI: one
 # agent waiting for its command must not hold up every other request of the server (asgiref's
 # public `executor=`; why Django's default is one thread: django/asgiref#218).
-_waiting_pool = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api")
+waiting_pool = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api")
 
 
 def waits_for_runner(view):
@@ -42,7 +42,7 @@ def waits_for_runner(view):
             close_old_connections()
 
     async def wrapper(request, *args, **kwargs):
-        return await sync_to_async(call, thread_sensitive=False, executor=_waiting_pool)(request, *args, **kwargs)
+        return await sync_to_async(call, thread_sensitive=False, executor=waiting_pool)(request, *args, **kwargs)
 
     return functools.update_wrapper(wrapper, view)
 

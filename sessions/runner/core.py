@@ -9,7 +9,6 @@ only moves messages, so a runner embedded in the server never blocks the server'
 Invariant: one job at a time per session (a sandbox runs one command at a time)."""
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -27,6 +26,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
 
 from controlplane.redaction import configured_secrets
+from controlplane.threads import close_connections_and_shutdown
 from sessions import layer
 from sessions.models import SessionState, runner_channel
 from sessions.output import CommandOutput
@@ -50,22 +50,6 @@ def _answer_queued(live: "LiveSession") -> None:
         _, done, _ = live.jobs.get_nowait()
         if done is not None and not done.done():
             done.set_result({"ok": False, "error": "session_not_active", "detail": "the session ended"})
-
-
-def _close_connections_and_shutdown(executor: ThreadPoolExecutor) -> None:
-    """Each worker thread closes its own database connections (they are per thread), then the
-    pool ends. The barrier makes every worker take exactly one of the closing tasks."""
-    workers = len(executor._threads)
-    if workers:
-        barrier = threading.Barrier(workers)
-
-        def close() -> None:
-            connections.close_all()
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=5)
-
-        concurrent.futures.wait([executor.submit(close) for _ in range(workers)], timeout=10)
-    executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _raise_descriptor_limit() -> None:
@@ -160,7 +144,7 @@ class RunnerService:
             await self.release(session_id)
         await self.db(records.runner_stopped, runner_id=self.id, reason=reason)
         for executor in (self.executor, self.db_executor, self.stats_executor):
-            await asyncio.to_thread(_close_connections_and_shutdown, executor)
+            await asyncio.to_thread(close_connections_and_shutdown, executor)
 
     def blocking(self, function, *args):
         return self.loop.run_in_executor(self.executor, function, *args)
