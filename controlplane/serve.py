@@ -26,6 +26,8 @@ from urllib.parse import unquote
 
 import uvicorn
 
+from controlplane.redaction import configured_secrets, redact
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 GRACE_S = 5  # for requests still open after the runner stopped (a WebSocket's client that does not close)
@@ -41,8 +43,6 @@ class EncodedSecretFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and len(record.args) >= 3:
-            from controlplane.redaction import configured_secrets, redact
-
             client, method, target, *rest = record.args
             decoded = unquote(str(target))
             if redact(decoded, configured_secrets()) != decoded:
@@ -52,7 +52,7 @@ class EncodedSecretFilter(logging.Filter):
 
 class AirlockServer(uvicorn.Server):
     async def shutdown(self, sockets=None) -> None:
-        from sessions.runner.core import stop_embedded_runner
+        from sessions.runner.core import stop_embedded_runner  # models: only once the application set Django up
 
         await stop_embedded_runner("the server stopped")
         await super().shutdown(sockets=sockets)
