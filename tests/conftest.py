@@ -24,25 +24,22 @@ def _own_audit_checkpoints(settings, tmp_path):
 def django_db_setup(django_db_setup, django_db_blocker):
     """The test database lets its audit rows go: Django's test flush empties every table between
     tests, which a deployment's database refuses (controlplane/migrations/0003). Tests of that
-    refusal put the triggers back for their own time (tests/controlplane/test_audit.py)."""
+    refusal put the triggers back for their own time (tests/controlplane/test_audit.py).
+
+    At the end, the API's waiting threads close the connections they keep (as in a server)
+    before the test database is dropped: PostgreSQL refuses to drop a database in use."""
     from importlib import import_module
 
     from django.db import connection
+
+    from controlplane.threads import close_connections_and_shutdown
+    from sessions.api.views import waiting_pool
 
     append_only = import_module("controlplane.migrations.0003_audit_append_only")
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         for statement in append_only.statements(connection.vendor, drop=True):
             cursor.execute(statement)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _api_threads_let_go_of_the_database(django_db_setup):
-    """The API's waiting threads keep their connections, as in a server; they close them before
-    the test database is dropped (PostgreSQL refuses to drop a database in use)."""
     yield
-    from controlplane.threads import close_connections_and_shutdown
-    from sessions.api.views import waiting_pool
-
     close_connections_and_shutdown(waiting_pool)
 
 
