@@ -26,11 +26,13 @@ def django_db_setup(django_db_setup, django_db_blocker):
     tests, which a deployment's database refuses (controlplane/migrations/0003). Tests of that
     refusal put the triggers back for their own time (tests/controlplane/test_audit.py).
 
-    At the end, the API's waiting threads close the connections they keep (as in a server)
-    before the test database is dropped: PostgreSQL refuses to drop a database in use."""
+    At the end, the threads that keep connections (the API's waiting threads, as in a server,
+    and asgiref's one thread for thread-sensitive calls) close them before the test database
+    is dropped: PostgreSQL refuses to drop a database in use."""
     from importlib import import_module
 
-    from django.db import connection
+    from asgiref.sync import SyncToAsync
+    from django.db import connection, connections
 
     from controlplane.threads import close_connections_and_shutdown
     from sessions.api.views import waiting_pool
@@ -41,6 +43,7 @@ def django_db_setup(django_db_setup, django_db_blocker):
             cursor.execute(statement)
     yield
     close_connections_and_shutdown(waiting_pool)
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=10)
 
 
 @pytest.fixture
