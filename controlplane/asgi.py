@@ -1,6 +1,8 @@
 """ASGI entry point (served by controlplane/serve.py): HTTP (dashboard, API), WebSockets, and
 the lifespan of the server's own runner."""
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +29,7 @@ from controlplane.routing import websocket_urlpatterns
 from sessions.runner.core import ensure_embedded_runner, stop_embedded_runner
 
 log = logging.getLogger("airlock.server")
+LINGER_S = 2  # after a 413, what the client still sends is read (and dropped) this long before the close
 
 
 class BrowserOriginValidator(OriginValidator):
@@ -71,8 +74,9 @@ class EmbeddedRunner:
 
 class BoundedBodies:
     """A request body longer than AIRLOCK_MAX_REQUEST_BYTES, declared or counted as it arrives,
-    is answered 413 before the application reads it (nothing of it is kept: the server drops
-    what the client still sends)."""
+    is answered 413 before the application reads it, and the connection closes: what the client
+    still sends is read and dropped for LINGER_S first, so that it reads the answer rather than
+    a reset, and nothing it sends after can be taken for a next request."""
 
     def __init__(self, app):
         self.app = app
@@ -81,9 +85,12 @@ class BoundedBodies:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         limit = settings.AIRLOCK_MAX_REQUEST_BYTES
-        declared = dict(scope["headers"]).get(b"content-length", b"")
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            return await _too_large(send, limit)
+            # A client that waits for `100 Continue` sends nothing more: there is nothing to drop.
+            drain = receive if headers.get(b"expect", b"").lower() != b"100-continue" else None
+            return await _too_large(send, limit, drain)
         received, refused, started = 0, False, False
 
         async def counted():
@@ -103,15 +110,24 @@ class BoundedBodies:
 
         await self.app(scope, counted, watched)
         if refused and not started:
-            await _too_large(send, limit)
+            await _too_large(send, limit, receive)
 
 
-async def _too_large(send, limit: int) -> None:
+async def _too_large(send, limit: int, drain) -> None:
+    """The 413, whole; the response ends (and the connection with it) once `drain` (the
+    request's receive) has nothing more, or after LINGER_S."""
     body = json.dumps({"error": "request_too_large",
                        "detail": f"a request body may hold at most {limit} bytes"}).encode()
     await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    if drain is not None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LINGER_S):
+                while (await drain()).get("more_body", False):
+                    pass
+    await send({"type": "http.response.body", "body": b""})
 
 
 from controlplane.api.handler import API_PREFIX, ApiHandler  # noqa: E402

@@ -38,15 +38,18 @@ WEBSOCKET_MESSAGE_BYTES = 2**20  # a client sends small JSON commands (sessions/
 
 
 class EncodedSecretFilter(logging.Filter):
-    """uvicorn's access line is '%s - "%s %s HTTP/%s" %d' (client, method, target, version,
-    status). A target that decodes to a secret is not shown (the handler redacts the plain ones)."""
+    """uvicorn logs a request's target as its client sent it: an access line is
+    '%s - "%s %s HTTP/%s" %d' and a WebSocket handshake's '%s - "WebSocket %s" [accepted]', the
+    target an argument. One that decodes to a secret is not shown at all (the handler redacts the
+    plain ones, but not a secret written with percent escapes)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and len(record.args) >= 3:
-            client, method, target, *rest = record.args
-            decoded = unquote(str(target))
-            if redact(decoded, configured_secrets()) != decoded:
-                record.args = (client, method, "[a request target that held a secret]", *rest)
+        if isinstance(record.args, tuple) and record.args:
+            secrets = configured_secrets()
+            record.args = tuple(
+                "[a request target that held a secret]"
+                if isinstance(arg, str) and "%" in arg and redact(unquote(arg), secrets) != unquote(arg) else arg
+                for arg in record.args)
         return True
 
 
@@ -67,7 +70,8 @@ def main(argv: list[str]) -> None:
     options = parser.parse_args(argv)
     if options.access_log not in {"-", "off"}:
         parser.error("--access-log takes '-' (standard output) or 'off'")
-    logging.getLogger("uvicorn.access").addFilter(EncodedSecretFilter())
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logging.getLogger(name).addFilter(EncodedSecretFilter())
     config = uvicorn.Config(
         options.application, host=options.bind, port=options.port, http="httptools", ws="websockets-sansio",
         lifespan="on", log_config=None, access_log=options.access_log == "-", proxy_headers=False,

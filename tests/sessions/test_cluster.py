@@ -3,6 +3,7 @@ and two `manage.py runner` processes, sharing a database, each owning its sandbo
 
 Needs Redis (127.0.0.1:6379, always there on these machines; required in CI)."""
 
+import contextlib
 import http.client
 import json
 import os
@@ -234,6 +235,10 @@ def test_the_access_log_never_holds_a_secret(cluster):
     cluster.call("GET", f"/api/v1/sessions/{session['id']}/files/{secret}", token=session["token"])
     encoded = f"%{ord(secret[0]):02x}{secret[1:]}"  # the same secret, its first letter percent-encoded
     cluster.call("GET", f"/api/v1/sessions/{session['id']}/files/{encoded}", token=session["token"])
+    # A WebSocket handshake's line (the server logs its path and query as it accepts or refuses)
+    ws_url = cluster.url.replace("http://", "ws://") + f"/ws/sessions/{session['id']}/?x={encoded}"
+    with contextlib.suppress(Exception), connect(ws_url, open_timeout=10) as ws:
+        ws.recv(timeout=10)
     log = cluster.data / "server.log"
     wait_until(lambda: "/files/[redacted]" in log.read_text() and "held a secret" in log.read_text(),
                what="the access-log lines")

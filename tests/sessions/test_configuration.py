@@ -291,6 +291,21 @@ def test_a_chunked_body_is_counted_as_it_arrives_and_refused_past_the_limit(depl
     assert deployment.http("GET", "/healthz")[0] == 200  # and it serves on
 
 
+def test_after_a_413_the_connection_closes_so_nothing_sent_next_is_taken_for_a_request(deployment):
+    """A client that waits for `100 Continue` gets the 413 and sends no body: were the connection
+    kept, its next request would be read as the refused body."""
+    with socket.create_connection((HOST, deployment.port), timeout=10) as raw:
+        raw.sendall(f"POST /login/ HTTP/1.1\r\nHost: {HOST}:{deployment.port}\r\nContent-Length: 100000000\r\n"
+                    "Expect: 100-continue\r\n\r\n".encode())
+        answer = b""
+        while b"65536 bytes" not in answer:
+            answer += raw.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413") and b"connection: close" in answer.lower()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed already: as good
+            raw.sendall(f"GET /healthz HTTP/1.1\r\nHost: {HOST}:{deployment.port}\r\n\r\n".encode())
+            assert raw.recv(65536) == b""  # closed: the GET was neither answered nor swallowed
+
+
 def test_airlock_max_file_bytes_bounds_the_files_written_and_read(deployment, sandboxes):
     session = deployment.open()
     status, body = deployment.put(session, "big.bin", b"x" * 2049)
