@@ -4,6 +4,11 @@ queued behind a long command), an output flood (lines full of `password=` to red
 sessions opened at once, each running commands. Same server, same run; the ratio of A's p95 under
 each attack to A's p95 alone is printed with its verdict (target <= 2x).
 
+Last, the floor below Airlock: the same contest as the 50 sessions, on the bubblewrap driver
+itself. A's `true` through the driver directly, alone and while as many sandboxes as B was
+admitted run loop.py at the pace B ran it through Airlock (from another process: no server, no
+API, no database).
+
     .venv/bin/python bench/fairness.py [--runs N] [--seconds S]
 
 Starts its own server like `make run` (fresh data directory, embedded runner, bubblewrap).
@@ -18,13 +23,23 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+os.environ.setdefault("SECRET_KEY", "bench-only-" + "x" * 60)
+
+import django  # noqa: E402
+
+django.setup()
 
 from figures import host_notes, percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
 from server import Api, start_server  # noqa: E402
+
+from sessions.runtimes import get_driver  # noqa: E402
+from sessions.runtimes.base import SandboxSpec  # noqa: E402
 
 POLICY = """limits: {command_timeout_s: 60, output_tail_chars: 4000}
 commands:
@@ -152,6 +167,70 @@ def end_all(url: str, key: str, sessions: list[dict]) -> None:
             api.end(session)
 
 
+def driver_true(driver, sandbox, runs: int) -> list[float]:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        events = list(driver.exec(sandbox, ["true"]))
+        samples.append((time.perf_counter() - started) * 1000)
+        assert events[-1].exit_code == 0, events[-1]
+    return samples
+
+
+def floor(sandboxes: int, per_s: float, runs: int, seconds: float) -> tuple[list[float], list[float], str]:
+    """A's `true` through the driver, alone and while `sandboxes` of B's loop (see churn()),
+    and B's commands a second."""
+    driver = get_driver("bubblewrap")
+    sandbox = driver.create(SandboxSpec(tenant="bench-a", session_id=str(uuid.uuid4())))
+    try:
+        driver_true(driver, sandbox, 10)  # warm-up
+        alone = driver_true(driver, sandbox, runs)
+        load = subprocess.Popen([sys.executable, __file__, "--churn", str(sandboxes), "--pace", str(per_s)], cwd=ROOT,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert load.stdout.readline() == b"running\n", "the load did not start"
+            time.sleep(seconds)
+            under = driver_true(driver, sandbox, runs)
+        finally:
+            rate = load.communicate(b"", timeout=120)[0].decode().strip()
+        return alone, under, rate
+    finally:
+        driver.destroy(sandbox)
+
+
+def churn(sandboxes: int, per_s: float) -> None:
+    """B below Airlock: `sandboxes` sandboxes run loop.py, `per_s` a second in all (at most one
+    at a time in each), until stdin closes."""
+    driver = get_driver("bubblewrap")
+    created = [driver.create(SandboxSpec(tenant="bench-b", session_id=str(uuid.uuid4()))) for _ in range(sandboxes)]
+    stopping = threading.Event()
+    ran = []
+
+    def loop(sandbox) -> None:
+        while not stopping.is_set():
+            started = time.perf_counter()
+            list(driver.exec(sandbox, ["python3", "loop.py"]))
+            ran.append(1)
+            stopping.wait(sandboxes / per_s - (time.perf_counter() - started))
+
+    try:
+        for sandbox in created:
+            (Path(sandbox.handle["workspace"]) / "loop.py").write_bytes(LOOP)
+        threads = [threading.Thread(target=loop, args=(sandbox,)) for sandbox in created]
+        for thread in threads:
+            thread.start()
+        print("running", flush=True)
+        started = time.perf_counter()
+        sys.stdin.read()
+        stopping.set()
+        print(f"{len(ran) / (time.perf_counter() - started):.0f}", flush=True)
+        for thread in threads:
+            thread.join()
+    finally:
+        for sandbox in created:
+            driver.destroy(sandbox)
+
+
 def line(name: str, samples: list[float], alone: list[float] | None = None) -> str:
     p50, p95 = percentiles(samples)
     text = f"  {name:<44} p50 {p50:7.1f} ms   p95 {p95:7.1f} ms   (n={len(samples)})"
@@ -165,7 +244,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--seconds", type=float, default=3, help="of each attack before A is measured")
+    parser.add_argument("--churn", type=int, help=argparse.SUPPRESS)  # the floor's load, in a process of its own
+    parser.add_argument("--pace", type=float, help=argparse.SUPPRESS)
     options = parser.parse_args()
+    if options.churn:
+        return churn(options.churn, options.pace)
     url, key_a, server, data = start_server(POLICY, admission=True)  # the deployment's own limits
     env = {**{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}},
            "AIRLOCK_DATA_DIR": str(data), "SECRET_KEY": "bench-only-" + "x" * 60, "BENCH_POLICY": POLICY}
@@ -181,20 +264,32 @@ def main() -> None:
         print(line("A alone: exec `true` round trip", alone_exec))
         attacks = (("B's FIFO reads (64 callers)", fifo_attack), ("B's output flood (4 sessions)", flood_attack),
                    ("B's 50 sessions at once", sessions_attack))
+        load = (0, 0.0)  # B's sessions and commands a second in the 50 sessions: the floor's load
         for name, start in attacks:
             attack = Attack(url, key_b)
+            started = time.perf_counter()
             start(attack)
             time.sleep(options.seconds)
             create, execs = tenant_a(url, key_a, options.runs)
             answers = attack.stop()
+            rate = attack.answers.get(200, 0) / (time.perf_counter() - started)
             end_all(url, key_b, attack.sessions)
-            print(f"  while {name}: B's answers {answers}")
+            if start is sessions_attack:
+                load = (len(attack.sessions), rate)
+            print(f"  while {name}: B's answers {answers}" + (f"; {rate:.0f} a second ran" if rate else ""))
             print(line("    A: session create", create, alone_create))
             print(line("    A: exec `true` round trip", execs, alone_exec))
     finally:
         server.terminate()
         server.wait(30)
         shutil.rmtree(data, ignore_errors=True)
+    sandboxes, per_s = load
+    if not per_s:
+        sys.exit("no floor: B's 50 sessions ran no command")
+    alone, under, ran = floor(sandboxes, per_s, options.runs, options.seconds)
+    print(f"  the floor, on the driver itself (no server): {sandboxes} sandboxes of B run loop.py, {ran} a second")
+    print(line("    A alone: driver exec `true`", alone))
+    print(line(f"    A while B's {sandboxes} sandboxes loop", under, alone))
 
 
 if __name__ == "__main__":
