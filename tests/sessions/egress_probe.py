@@ -10,6 +10,7 @@ import os
 import socket
 import ssl
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -126,14 +127,16 @@ def hold(count: str, target: str) -> dict:
 
 
 def flood(count: str, target: str) -> dict:
-    """`count` CONNECTs one after another, as fast as they are answered: how many got which answer."""
+    """`count` CONNECTs one after another, as fast as they are answered: how many got which
+    answer, and how long they took."""
     answers = {}
+    started = time.monotonic()
     for _ in range(int(count)):
         sock, status, _ = _connect(target)
         sock.close()
         reason = status.split(":")[0]
         answers[reason] = answers.get(reason, 0) + 1
-    return {"answers": answers}
+    return {"answers": answers, "seconds": time.monotonic() - started}
 
 
 CHECKS = {"direct": direct, "udp": udp, "raw": raw, "dns": dns, "interfaces": interfaces, "unix": unix,
