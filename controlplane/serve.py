@@ -44,13 +44,18 @@ class EncodedSecretFilter(logging.Filter):
     plain ones, but not a secret written with percent escapes)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and record.args:
-            secrets = configured_secrets()
-            record.args = tuple(
-                "[a request target that held a secret]"
-                if isinstance(arg, str) and "%" in arg and redact(unquote(arg), secrets) != unquote(arg) else arg
-                for arg in record.args)
+        if isinstance(record.args, tuple) and any(isinstance(arg, str) and "%" in arg for arg in record.args):
+            secrets = configured_secrets()  # only for a line with escapes: most lines have none
+            record.args = tuple("[a request target that held a secret]" if _decodes_to_secret(arg, secrets) else arg
+                                for arg in record.args)
         return True
+
+
+def _decodes_to_secret(arg, secrets: tuple[str, ...]) -> bool:
+    if not isinstance(arg, str) or "%" not in arg:
+        return False
+    decoded = unquote(arg)
+    return redact(decoded, secrets) != decoded
 
 
 class AirlockServer(uvicorn.Server):
