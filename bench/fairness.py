@@ -35,6 +35,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings  # noqa: E402 - the server's defaults are this host's too
 from figures import host_notes, percentiles  # noqa: E402 - bench/ is on sys.path when a benchmark runs
 from server import Api, start_server  # noqa: E402
 
@@ -60,21 +61,35 @@ LOOP = b"import time\nfor _ in range(20):\n    time.sleep(0.01)\n"
 
 
 def tenant_a(url: str, key: str, runs: int) -> tuple[list[float], list[float]]:
-    """A's figures: `runs` session creates (each ended), and `runs` exec round trips of `true`."""
+    """A's figures: `runs` session creates (each ended), and `runs` exec round trips of `true`.
+    A keeps to four fifths of its tenant's API rate, as an agent that is not refused would: at
+    full speed its own requests would wait for their turn, and A alone would measure its pacing."""
     api = Api(url, key)
+    interval = 1 / (0.8 * settings.AIRLOCK_API_RATE_PER_TENANT)  # between two requests' starts
+    turn = time.perf_counter()
+
+    def paced(requests: int) -> None:
+        nonlocal turn
+        time.sleep(max(0.0, turn - time.perf_counter()))
+        turn = max(turn, time.perf_counter()) + requests * interval
+
     creates = []
     for _ in range(max(5, runs // 4)):
+        paced(2)
         started = time.perf_counter()
         session = api.open("bench")
         creates.append((time.perf_counter() - started) * 1000)
         api.end(session)
+    paced(1)
     session = api.open("bench")
     execs = []
     for _ in range(runs):
+        paced(1)
         started = time.perf_counter()
         body = api.run(session, "true")
         execs.append((time.perf_counter() - started) * 1000)
         assert body["exit_code"] == 0, body
+    paced(1)
     api.end(session)
     return creates, execs
 

@@ -179,7 +179,7 @@ def _postgres_options(query: str) -> dict:
 
 def _sqlite(path: str) -> dict:
     return {
-        "ENGINE": "django.db.backends.sqlite3",
+        "ENGINE": "controlplane.sqlite",
         "NAME": path,
         # Writers wait for the lock instead of failing at once; IMMEDIATE takes the write lock
         # at BEGIN, so a read-then-write transaction cannot deadlock against another writer.

@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -83,23 +83,29 @@ def lock_tenant(tenant) -> None:
         rows.select(type(tenant), ("pk",), {"pk": tenant.pk}, for_update=True)
 
 
-def sessions_refusal(tenant, need_mb: int) -> str | None:
+def runners_memory_mb() -> int:
+    """What the live runners may reserve in all. Read before the tenant's transaction: runners
+    come and go far more rarely than sessions, and the transaction holds the writer's turn."""
+    fresh = timezone.now() - timedelta(seconds=settings.AIRLOCK_RUNNER_DEAD_AFTER_S)
+    return Runner.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=fresh).aggregate(
+        total=Coalesce(Sum("memory_mb"), 0))["total"]
+
+
+def sessions_refusal(tenant, need_mb: int, runners_mb: int) -> str | None:
     """Why the tenant may not open one more session of `need_mb` now, or None: it has its most
-    active sessions, or they would reserve more than its share of the live runners' memory (so
-    that no tenant's sessions can leave the others no room)."""
-    active = Session.objects.filter(tenant=tenant, state__in=ACTIVE_STATES)
+    active sessions, or they would reserve more than its share of the live runners' memory
+    (`runners_mb`; so that no tenant's sessions can leave the others no room)."""
+    active = Session.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).aggregate(
+        count=Count("pk"), held=Coalesce(Sum("reserved_mb"), 0))
     limit = settings.AIRLOCK_MAX_SESSIONS_PER_TENANT
-    if active.count() >= limit:
+    if active["count"] >= limit:
         return (f"tenant {tenant.slug} has {limit} active sessions, the most AIRLOCK_MAX_SESSIONS_PER_TENANT "
                 "allows")
-    fresh = timezone.now() - timedelta(seconds=settings.AIRLOCK_RUNNER_DEAD_AFTER_S)
-    memory = Runner.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=fresh).aggregate(
-        total=Coalesce(Sum("memory_mb"), 0))["total"]
-    share = int(memory * settings.AIRLOCK_TENANT_MEMORY_SHARE)
-    held = active.aggregate(held=Coalesce(Sum("reserved_mb"), 0))["held"]
-    if held + need_mb > share:
-        return (f"tenant {tenant.slug}'s sessions reserve {held} MB and this one needs {need_mb} MB: more than the "
-                f"{share} MB one tenant may hold (AIRLOCK_TENANT_MEMORY_SHARE of the runners' {memory} MB)")
+    share = int(runners_mb * settings.AIRLOCK_TENANT_MEMORY_SHARE)
+    if active["held"] + need_mb > share:
+        return (f"tenant {tenant.slug}'s sessions reserve {active['held']} MB and this one needs {need_mb} MB: more "
+                f"than the {share} MB one tenant may hold (AIRLOCK_TENANT_MEMORY_SHARE of the runners' "
+                f"{runners_mb} MB)")
     return None
 
 

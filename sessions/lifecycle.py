@@ -109,7 +109,8 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
         raise LifecycleError("no_capacity", str(exc), 503) from None
     try:
         session, token = _create(tenant=tenant, conversation_id=conversation_id, version=version, runner=runner,
-                                 created_by=actor_label, repository=repository, reserved_mb=reserve)
+                                 created_by=actor_label, repository=repository, reserved_mb=reserve,
+                                 runners_mb=admission.runners_memory_mb())
     except _TenantLimit as exc:  # recorded like a denial, once nothing of the session was written
         evaluation = refuse(tenant=tenant, version=version, kind="session", reason_code="tenant_limit",
                             request={"policy": policy_name, "conversation_id": conversation_id},
@@ -138,9 +139,9 @@ class _TenantLimit(Exception):
 
 @transaction.atomic
 def _create(*, tenant: Tenant, conversation_id: str, version: PolicyVersion, runner: Runner, created_by: str,
-            repository: str, reserved_mb: int) -> tuple[Session, str]:
+            repository: str, reserved_mb: int, runners_mb: int) -> tuple[Session, str]:
     admission.lock_tenant(tenant)
-    why = admission.sessions_refusal(tenant, reserved_mb)
+    why = admission.sessions_refusal(tenant, reserved_mb, runners_mb)
     if why is not None:
         raise _TenantLimit(why)
     token = new_token()
