@@ -98,6 +98,7 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
     if version is None:
         raise LifecycleError("policy_not_published", f"policy {policy_name!r} has no published version; a security "
                              "admin can publish one", 409)
+    version.policy = policy  # the row just read: the session's answer names it
     if repository and repository not in allowed_repositories(tenant.slug):
         raise LifecycleError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)
     reserve = admission.reserved_mb(version.document["limits"])
@@ -129,7 +130,9 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
                      else "the deployment's default, AIRLOCK_RUNTIME")
         raise LifecycleError("sandbox_unavailable", f"the sandbox could not start on the {session.driver} driver "
                              f"({chosen_by}): {reply.get('detail')}", 503)
-    session.refresh_from_db()
+    # What its runner wrote; the tenant and the version stay as read above (each a query less).
+    session.refresh_from_db(fields=["state", "state_reason", "ready_at", "ended_at", "rootfs_digest", "prepare_ms",
+                                    "cache_hit"])
     return Opened(session=session, token=token)
 
 

@@ -13,7 +13,6 @@ from controlplane.models import Tenant
 from controlplane.redaction import configured_secrets
 from policies_app import decisions
 from policies_app.decisions import Evaluation
-from policies_app.document import PolicyDocument
 from policies_app.models import Policy, PolicyException, PolicyVersion
 from sessions import lifecycle, services
 from sessions.models import ACTIVE_STATES, Runner, Session, SessionState
@@ -104,7 +103,7 @@ def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str, EgressContext | 
     if session is None:
         return None
     version = session.policy_version
-    document = PolicyDocument.model_validate(version.document)
+    document = decisions.compiled_version(version).document  # parsed once per version, as decisions are
     network = document.network
     egress = EgressContext(
         session_id=str(session.pk), tenant=session.tenant, version=version, conversation_id=session.conversation_id,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from sessions.runtimes import rootfs, seccomp
+from sessions.runtimes import deadlines, rootfs, seccomp
 from sessions.runtimes.base import (
     EGRESS_MOUNT,
     WORKSPACE,
@@ -213,9 +213,7 @@ class BubblewrapDriver(Driver):
         argv = egress_argv(sandbox.spec, argv) if egress else list(argv)
         running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec, env), stdin)
         # The one deadline mechanism: it holds even when nobody reads the output.
-        watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox.id, running, "timeout"))
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = deadlines.after(timeout_s, lambda: self._stop(sandbox.id, running, "timeout"))
         output_bytes = 0
         try:
             for chunk in _stream(running.process):

@@ -33,7 +33,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import Ulimit
 from requests.exceptions import RequestException
 
-from sessions.runtimes import rootfs, seccomp
+from sessions.runtimes import deadlines, rootfs, seccomp
 from sessions.runtimes.base import (
     EGRESS_MOUNT,
     WORKSPACE,
@@ -262,9 +262,7 @@ class DockerDriver(Driver):
         if stdin is not None:
             threading.Thread(target=_feed, args=(raw, stdin), daemon=True).start()
         # The one deadline mechanism: it holds even when nobody reads the output.
-        watchdog = threading.Timer(timeout_s, self._stop, args=(sandbox, running, "timeout"))
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = deadlines.after(timeout_s, lambda: self._stop(sandbox, running, "timeout"))
         output_bytes = 0
 
         def on_idle() -> bool:
