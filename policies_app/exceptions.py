@@ -19,6 +19,7 @@ from django.db.models import F, QuerySet
 from django.utils import timezone
 from pydantic import ValidationError as PydanticError
 
+from controlplane import rows
 from controlplane.audit import actor_label, audit_record
 from controlplane.models import Tenant
 from policies_app import egress, narrowing
@@ -151,19 +152,10 @@ def apply(*, tenant: Tenant, policy: Policy | None, compiled: CompiledPolicy, re
     (with its prepend_args), so a grant never reframes the command."""
     if policy is None or decision.effect == "allow" or decision.reason_code not in GRANTABLE[kind]:
         return decision
-    if kind == "egress":
-        what = "connection"
-        same = PolicyException.objects.filter(tenant=tenant, policy=policy, kind="egress",
-                                              host=str(request.get("host", "")).lower(), port=request.get("port"))
-    else:
-        what = "command"
-        bin_name, args = request.get("bin"), request.get("args") or []
-        cwd = (request.get("cwd") or WORKSPACE).rstrip("/") or "/"
-        same = PolicyException.objects.filter(tenant=tenant, policy=policy, kind="exec", bin=bin_name, cwd=cwd,
-                                              args=args)
-    grant = same.filter(revoked_at__isnull=True, expires_at__gt=at).order_by("-expires_at").first()
+    grant, last = _matching(tenant=tenant, policy=policy, request=request, at=at, kind=kind)
+    what = "connection" if kind == "egress" else "command"
+    bin_name, args = request.get("bin"), request.get("args") or []
     if grant is None:
-        last = same.order_by("-created_at").first()  # the newest ended one says why it no longer allows
         if last is None:
             return decision
         ended = (f"was revoked at {_utc(last.revoked_at)}" if last.revoked_at
@@ -182,6 +174,32 @@ def apply(*, tenant: Tenant, policy: Policy | None, compiled: CompiledPolicy, re
     prepend_args = tuple(denying.prepend_args) if denying else ()
     return Decision(True, "allow", None, f"{RULE_PREFIX}{grant.id}", message, "", decision.mode,
                     decision.policy_version, (bin_name, *prepend_args, *args))
+
+
+def _matching(*, tenant: Tenant, policy: Policy, request: dict, at: datetime,
+              kind: str) -> tuple[PolicyException | None, PolicyException | None]:
+    """The live exception for exactly this request (the one that lasts longest), or else the
+    newest ended one, which says why it no longer allows. Every denial asks, and most policies
+    have no exception: one statement prepared once (controlplane/rows.py) finds the candidates,
+    compared here, and only a match is read whole."""
+    if kind == "egress":
+        if request.get("port") is None:
+            return None, None  # every egress exception names its port
+        where = {"tenant": tenant.pk, "policy": policy.pk, "kind": "egress",
+                 "host": str(request.get("host", "")).lower(), "port": request.get("port")}
+        args = None
+    else:
+        where = {"tenant": tenant.pk, "policy": policy.pk, "kind": "exec", "bin": request.get("bin"),
+                 "cwd": (request.get("cwd") or WORKSPACE).rstrip("/") or "/"}
+        args = list(request.get("args") or [])
+    same = [row for row in rows.select(PolicyException, ("pk", "args", "revoked_at", "expires_at", "created_at"), where)
+            if args is None or row[1] == args]
+    live = [row for row in same if row[2] is None and row[3] > at]
+    if live:
+        return PolicyException.objects.get(pk=max(live, key=lambda row: row[3])[0]), None
+    if same:
+        return None, PolicyException.objects.get(pk=max(same, key=lambda row: row[4])[0])
+    return None, None
 
 
 def _utc(at: datetime) -> str:
