@@ -6,7 +6,9 @@ between tries with a growing back-off (1, 2, 5 … up to 100 ms), so a writer th
 sleeps longest and keeps losing to writers that just arrived. Under 20 concurrent sessions some
 commands waited 2.5 s behind others' 20 ms; another tenant's requests, which share the lock,
 waited with them (bench/sessions.py, bench/fairness.py). Python's sqlite3 module offers no way to
-install another busy handler.
+install another busy handler (sqlite3_busy_handler is not exposed: asked of pysqlite in
+ghaering/pysqlite#96 and coleifer/pysqlite3#80, both declined; one written in Python would hold
+the GIL while it waits).
 
 So the threads of one process take a lock of their own before BEGIN, and hold it to the commit or
 rollback (a write outside a transaction, which SQLite commits by itself, holds it for its one
