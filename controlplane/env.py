@@ -106,6 +106,37 @@ def host_memory_mb() -> int:
     return total or 4096
 
 
+def host_cpus(*, groups_file: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup") -> float:
+    """The CPUs this process may use: those it may run on, or its cgroup's CPU quota when that is
+    lower (a container started with --cpus, a pod's CPU limit); at least 1."""
+    cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    quotas = []
+    try:
+        with open(groups_file, encoding="ascii") as groups:
+            for line in groups:
+                _, controllers, path = line.strip().split(":", 2)
+                if controllers == "":  # v2: "quota period" in one file, "max" for none
+                    quotas.append((f"{cgroup_root}{path}/cpu.max", None))
+                elif "cpu" in controllers.split(","):
+                    base = f"{cgroup_root}/{controllers}{path}"
+                    quotas.append((f"{base}/cpu.cfs_quota_us", f"{base}/cpu.cfs_period_us"))
+    except (OSError, ValueError):
+        pass
+    for quota_file, period_file in quotas:
+        try:
+            with open(quota_file, encoding="ascii") as file:
+                parts = file.read().split()
+            if period_file is not None:
+                with open(period_file, encoding="ascii") as file:
+                    parts.append(file.read().strip())
+            quota, period = int(parts[0]), int(parts[1])  # "max" (v2) is not a number: no quota
+        except (OSError, ValueError, IndexError):
+            continue
+        if quota > 0 and period > 0:  # v1 writes -1 for none
+            cpus = min(cpus, quota / period)
+    return max(1.0, cpus)
+
+
 def database_from_url(url: str, *, sqlite_default: str) -> dict:
     """Django DATABASES['default'] from DATABASE_URL: postgres://user:password@host:port/name, whose
     query options (?sslmode=require) are libpq's, or sqlite:////absolute/path."""

@@ -17,6 +17,7 @@ from controlplane.env import (
     env_int,
     env_list,
     env_str,
+    host_cpus,
     host_memory_mb,
 )
 
@@ -235,10 +236,10 @@ AIRLOCK_RUNNER_REAP_INTERVAL_S = env_int("AIRLOCK_RUNNER_REAP_INTERVAL_S", 60, m
 AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
 # Admission (sessions/admission.py): what one tenant may have at once, and the host memory the
 # sessions of one runner may reserve (their policies' memory, /workspace and /tmp limits).
-# One server serves ~35-40 commands a second per core of its host (bench/sessions.py): a tenant's
-# pace is about a quarter of that, so no one tenant can take the server from the others.
-_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-AIRLOCK_API_RATE_PER_TENANT = env_float("AIRLOCK_API_RATE_PER_TENANT", 10 * _CORES, minimum=1)
+# One server serves ~35-40 commands a second per core it may use (bench/sessions.py; a container's
+# CPU quota counts): a tenant's pace is about a quarter of that, so no one tenant can take the
+# server from the others.
+AIRLOCK_API_RATE_PER_TENANT = env_float("AIRLOCK_API_RATE_PER_TENANT", round(10 * host_cpus()), minimum=1)
 AIRLOCK_MAX_SESSIONS_PER_TENANT = env_int("AIRLOCK_MAX_SESSIONS_PER_TENANT", 32, minimum=1)
 AIRLOCK_MAX_COMMANDS_PER_TENANT = env_int("AIRLOCK_MAX_COMMANDS_PER_TENANT", 32, minimum=1)
 # (the default leaves an eighth, at least 1 GiB, to the control plane, its database and the host)

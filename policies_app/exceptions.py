@@ -195,10 +195,10 @@ def _matching(*, tenant: Tenant, policy: Policy, request: dict, at: datetime,
     same = [row for row in rows.select(PolicyException, ("pk", "args", "revoked_at", "expires_at", "created_at"), where)
             if args is None or row[1] == args]
     live = [row for row in same if row[2] is None and row[3] > at]
-    if live:
-        return PolicyException.objects.get(pk=max(live, key=lambda row: row[3])[0]), None
+    if live:  # (a row deleted since it was read is no exception)
+        return PolicyException.objects.filter(pk=max(live, key=lambda row: row[3])[0]).first(), None
     if same:
-        return None, PolicyException.objects.get(pk=max(same, key=lambda row: row[4])[0])
+        return None, PolicyException.objects.filter(pk=max(same, key=lambda row: row[4])[0]).first()
     return None, None
 
 

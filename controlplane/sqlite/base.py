@@ -47,8 +47,11 @@ def _take(lock: threading.Lock, timeout: float) -> None:
 
 
 class _Cursor(base.SQLiteCursorWrapper):
-    """A statement that writes outside a transaction takes the writer's turn for itself."""
+    """A statement that writes outside a transaction takes the writer's turn for itself (unless
+    its connection holds the turn already: SQLite may have ended the transaction by itself, after
+    an interrupt or a full disk, and the block's next write must not wait for its own turn)."""
 
+    wrapper: "DatabaseWrapper"
     writer: threading.Lock
     timeout: float
 
@@ -59,7 +62,8 @@ class _Cursor(base.SQLiteCursorWrapper):
         return self._in_turn(super().executemany, query, param_list)
 
     def _in_turn(self, run, query, parameters):
-        if self.connection.in_transaction or not query.lstrip()[:7].upper().startswith(WRITES):
+        if (self.connection.in_transaction or self.wrapper._writing is not None
+                or not query.lstrip()[:7].upper().startswith(WRITES)):
             return run(query, parameters)
         _take(self.writer, self.timeout)
         try:
@@ -69,19 +73,20 @@ class _Cursor(base.SQLiteCursorWrapper):
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
-    _writing = False  # whether this connection holds its database's writer lock
+    _writing = None  # the writer lock (a threading.Lock) this connection holds, if it holds one
 
     def create_cursor(self, name=None):
         cursor = self.connection.cursor(factory=_Cursor)
-        cursor.writer, cursor.timeout = writer_lock(self.settings_dict["NAME"]), self._timeout()
+        cursor.wrapper, cursor.writer, cursor.timeout = self, writer_lock(self.settings_dict["NAME"]), self._timeout()
         return cursor
 
     def _timeout(self) -> float:
         return self.settings_dict["OPTIONS"].get("timeout", 5)
 
     def _start_transaction_under_autocommit(self):
-        _take(writer_lock(self.settings_dict["NAME"]), self._timeout())
-        self._writing = True
+        lock = writer_lock(self.settings_dict["NAME"])
+        _take(lock, self._timeout())
+        self._writing = lock  # released as taken, whatever NAME says by then
         try:
             super()._start_transaction_under_autocommit()
         except BaseException:
@@ -89,9 +94,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
             raise
 
     def _end_writing(self):
-        if self._writing:
-            self._writing = False
-            writer_lock(self.settings_dict["NAME"]).release()
+        lock, self._writing = self._writing, None
+        if lock is not None:
+            lock.release()
 
     def _commit(self):
         committed = super()._commit()  # a failed commit is rolled back (or the connection closed) next

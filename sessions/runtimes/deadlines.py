@@ -41,9 +41,10 @@ class _Keeper:
         deadline = Deadline(time.monotonic() + seconds, callback, self)
         with self._changed:
             heapq.heappush(self._heap, (deadline.at, next(self._order), deadline))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="airlock-deadlines", daemon=True)
-                self._thread.start()
+            if self._thread is None or not self._thread.is_alive():  # first use, or a forked child
+                thread = threading.Thread(target=self._run, name="airlock-deadlines", daemon=True)
+                thread.start()  # raises (no thread can start) before it is counted on
+                self._thread = thread
             elif self._heap[0][2] is deadline:  # the nearest now: the thread sleeps too long otherwise
                 self._changed.notify()
         return deadline
@@ -73,11 +74,17 @@ class _Keeper:
                     self._changed.wait(wait)
                     continue
                 heapq.heappop(self._heap)
-            if not deadline.cancelled:
+            if deadline.cancelled:
+                continue
+            try:
                 threading.Thread(target=_keep, args=(deadline,), name="airlock-deadline", daemon=True).start()
+            except RuntimeError:  # no thread could start (a pids limit): keep it here, late rather than never
+                _keep(deadline)
 
 
 def _keep(deadline: Deadline) -> None:
+    if deadline.cancelled:  # the command ended while this thread started: not a timeout
+        return
     try:
         deadline.callback()
     except Exception:

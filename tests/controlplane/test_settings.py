@@ -103,3 +103,26 @@ def test_a_good_environment_starts(tmp_path):
 def test_debug_off_sets_secure_cookie_flags(settings):
     assert settings.DEBUG is False
     assert settings.SESSION_COOKIE_SECURE and settings.CSRF_COOKIE_SECURE and settings.SESSION_COOKIE_HTTPONLY
+
+
+@pytest.mark.parametrize(("groups", "files", "expected"), [
+    ("0::/pod\n", {"pod/cpu.max": "150000 100000\n"}, 1.5),  # v2, a pod's CPU limit of 1.5
+    ("0::/pod\n", {"pod/cpu.max": "max 100000\n"}, None),  # v2, no quota
+    ("4:cpu,cpuacct:/docker/x\n", {"cpu,cpuacct/docker/x/cpu.cfs_quota_us": "100000\n",
+                                   "cpu,cpuacct/docker/x/cpu.cfs_period_us": "100000\n"}, 1.0),  # v1, --cpus=1
+    ("4:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1, none
+    ("0::/pod\n", {"pod/cpu.max": "20000 100000\n"}, 1.0),  # a fifth of a core still counts as one
+    ("0::/gone\n", {}, None),  # unreadable: the CPUs it may run on
+])
+def test_the_cpus_a_deployment_may_use_follow_its_cgroup_quota(tmp_path, groups, files, expected):
+    """The default per-tenant API rate is 10 a second per CPU: a container's quota, not the node's
+    cores, decides it."""
+    from controlplane.env import host_cpus
+
+    (tmp_path / "cgroup").write_text(groups)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+    runnable = len(os.sched_getaffinity(0))
+    found = host_cpus(groups_file=str(tmp_path / "cgroup"), cgroup_root=str(tmp_path / "fs"))
+    assert found == (max(1.0, min(runnable, expected)) if expected is not None else runnable)

@@ -141,3 +141,18 @@ def test_a_writer_that_waits_past_the_timeout_fails_with_database_is_locked(writ
 def test_reads_do_not_wait_for_a_writer():
     Tenant.objects.create(slug="there", name="There")
     assert hold_a_transaction_while(lambda: Tenant.objects.filter(slug="there").count()) == {"value": 1}
+
+
+def test_a_transaction_sqlite_ended_by_itself_does_not_wait_for_its_own_turn():
+    """After an interrupt or a full disk SQLite rolls the transaction back on its own; the block's
+    next write runs (as SQLite runs it: on its own) instead of waiting for the turn it holds."""
+    options = connection.settings_dict["OPTIONS"]
+    connection.settings_dict["OPTIONS"] = {**options, "timeout": 0.2}
+    try:
+        with transaction.atomic():
+            connection.connection.rollback()  # what SQLite does by itself after SQLITE_FULL
+            assert not connection.connection.in_transaction and lock().locked()
+            Tenant.objects.filter(slug="nobody").update(name="x")  # would wait 0.2 s and fail on its own turn
+    finally:
+        connection.settings_dict["OPTIONS"] = options
+    assert not lock().locked()

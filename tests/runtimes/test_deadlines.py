@@ -44,3 +44,31 @@ def test_ended_commands_do_not_pile_up_behind_long_deadlines():
     for _ in range(1000):
         keeper.after(3600, lambda: None).cancel()
     assert len(keeper._heap) <= 130  # compacted whenever the cancelled are most of the heap
+
+
+def test_a_callback_thread_that_cannot_start_neither_loses_its_deadline_nor_the_next(monkeypatch):
+    real = deadlines.threading.Thread
+    refused = []
+
+    def thread(*args, name=None, **kwargs):
+        if name == "airlock-deadline" and not refused:  # the first stop's thread: a pids limit says no
+            refused.append(name)
+            raise RuntimeError("can't start new thread")
+        return real(*args, name=name, **kwargs)
+
+    keeper = deadlines._Keeper()
+    first, second = threading.Event(), threading.Event()
+    monkeypatch.setattr(deadlines.threading, "Thread", thread)
+    keeper.after(0.01, first.set)
+    assert first.wait(10), "the deadline whose thread could not start was lost"
+    keeper.after(0.01, second.set)
+    assert second.wait(10), "the keeper died with the failed start"
+    assert refused
+
+
+def test_a_deadline_cancelled_while_its_thread_starts_does_not_stop_the_command():
+    stopped = []
+    deadline = deadlines.Deadline(0, lambda: stopped.append("stopped"), deadlines._Keeper())
+    deadline.cancel()
+    deadlines._keep(deadline)
+    assert stopped == []
