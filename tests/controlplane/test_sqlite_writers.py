@@ -1,6 +1,7 @@
 """SQLite's writers in one process take turns on a lock of their own (controlplane/sqlite/base.py):
 held from BEGIN to the commit or rollback, whatever ends the transaction, and never longer."""
 
+import contextlib
 import threading
 
 import pytest
@@ -67,26 +68,46 @@ def test_a_failed_statement_inside_the_transaction_ends_it_and_its_turn():
     assert not lock().locked()
 
 
-def test_a_writer_waits_for_the_one_writing_and_then_writes():
+@contextlib.contextmanager
+def another_thread_writing(slug: str):
+    """Another thread holds a write transaction open (having written a tenant `slug`) until the
+    block ends."""
     entered, release = threading.Event(), threading.Event()
 
-    def first():
+    def hold():
         with transaction.atomic():
-            Tenant.objects.create(slug="first", name="First")
+            Tenant.objects.create(slug=slug, name=slug.title())
             entered.set()
             release.wait(30)
 
-    holder = threading.Thread(target=first)
+    holder = threading.Thread(target=hold)
     holder.start()
-    assert entered.wait(30)
+    try:
+        assert entered.wait(30)
+        yield
+    finally:
+        release.set()
+        holder.join(30)
+
+
+@contextlib.contextmanager
+def database_timeout(seconds: float):
+    options = connection.settings_dict["OPTIONS"]  # the dict every connection of the alias reads
+    connection.settings_dict["OPTIONS"] = {**options, "timeout": seconds}
+    try:
+        yield
+    finally:
+        connection.settings_dict["OPTIONS"] = options
+
+
+def test_a_writer_waits_for_the_one_writing_and_then_writes():
     result = {}
     second = threading.Thread(target=lambda: result.update(in_thread(
         lambda: Tenant.objects.create(slug="second", name="Second").slug)))
-    second.start()
-    second.join(0.5)
-    assert second.is_alive(), "the second writer did not wait for the first"
-    release.set()
-    holder.join(30)
+    with another_thread_writing("first"):
+        second.start()
+        second.join(0.5)
+        assert second.is_alive(), "the second writer did not wait for the first"
     second.join(30)
     assert result == {"value": "second"}
     assert list(Tenant.objects.filter(slug__in=["first", "second"]).order_by("pk").values_list("slug", flat=True)) \
@@ -96,25 +117,8 @@ def test_a_writer_waits_for_the_one_writing_and_then_writes():
 def hold_a_transaction_while(function):
     """`function`'s outcome on a thread of its own, with a database timeout of 0.2 s, while
     another thread holds a write transaction open."""
-    entered, release = threading.Event(), threading.Event()
-
-    def first():
-        with transaction.atomic():
-            Tenant.objects.create(slug="holder", name="Holder")
-            entered.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=first)
-    holder.start()
-    assert entered.wait(30)
-    options = connection.settings_dict["OPTIONS"]  # the dict every connection of the alias reads
-    connection.settings_dict["OPTIONS"] = {**options, "timeout": 0.2}
-    try:
+    with another_thread_writing("holder"), database_timeout(0.2):
         return in_thread(function)
-    finally:
-        connection.settings_dict["OPTIONS"] = options
-        release.set()
-        holder.join(30)
 
 
 @pytest.mark.parametrize("write", ["transaction", "single statement"])
@@ -146,13 +150,8 @@ def test_reads_do_not_wait_for_a_writer():
 def test_a_transaction_sqlite_ended_by_itself_does_not_wait_for_its_own_turn():
     """After an interrupt or a full disk SQLite rolls the transaction back on its own; the block's
     next write runs (as SQLite runs it: on its own) instead of waiting for the turn it holds."""
-    options = connection.settings_dict["OPTIONS"]
-    connection.settings_dict["OPTIONS"] = {**options, "timeout": 0.2}
-    try:
-        with transaction.atomic():
-            connection.connection.rollback()  # what SQLite does by itself after SQLITE_FULL
-            assert not connection.connection.in_transaction and lock().locked()
-            Tenant.objects.filter(slug="nobody").update(name="x")  # would wait 0.2 s and fail on its own turn
-    finally:
-        connection.settings_dict["OPTIONS"] = options
+    with database_timeout(0.2), transaction.atomic():
+        connection.connection.rollback()  # what SQLite does by itself after SQLITE_FULL
+        assert not connection.connection.in_transaction and lock().locked()
+        Tenant.objects.filter(slug="nobody").update(name="x")  # would wait 0.2 s and fail on its own turn
     assert not lock().locked()
