@@ -1,27 +1,25 @@
 """The Docker driver (runc, or gVisor with `isolation: gvisor`), through the docker SDK.
 
-One container per session, one `exec` per command. The container has no network, a read-only
-root (the imported debootstrap tree), uid 65534, no capabilities, no-new-privileges, pids /
-memory / CPU limits, an init (docker-init) and size-limited tmpfs mounts for /workspace and
-/tmp, the only writable places: no /dev/shm (IPC mode `none`) and a read-only /dev/mqueue.
-Its main process is `sleep infinity`, the keep-alive; after each command every other process
-of the container is killed, so nothing a command started outlives it.
+One container per session. The container has no network, a read-only root (the imported
+debootstrap tree), no-new-privileges, pids / memory / CPU limits, an init (docker-init) and
+size-limited tmpfs mounts for /workspace and /tmp, the only writable places: no /dev/shm (IPC
+mode `none`) and a read-only /dev/mqueue.
 
-Killing: under runc the container's processes are visible to the runner (root on the same
-host), so they are killed from the host through the container's cgroup. Under gVisor they
-live inside the sandbox kernel, so a fixed reaper program (REAPER, passed as argv: no shell)
-runs inside the container and kills every process but the init and the keep-alive. It runs as
-the sandbox kernel's root with CAP_KILL (a privileged exec; gVisor's root is not the host's),
-because the command may have used up uid 65534's process limit; it runs with `python3 -I`
-from `/`, so nothing the command wrote into /workspace can be imported into it."""
+Its main process is Airlock's supervisor (supervisor.py), which runs every command: the runner
+sends it requests and reads its frames over the container's attach stream (channel.py), so a
+command costs no `docker exec`. The supervisor runs as the container's root with four
+capabilities only (SETUID, SETGID and SETPCAP to drop a command to uid 65534 with an empty
+bounding set, KILL to end whatever the command left); each command runs as 65534 without any.
+It kills the command's whole tree on timeout, kill and output limit, and everything a command
+left behind after it ends, so nothing a command started outlives it."""
 
+import base64
 import contextlib
 import hashlib
-import os
-import select
-import signal
-import socket
-import struct
+import itertools
+import json
+import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.types import Ulimit
+from docker.types import LogConfig, Ulimit
 from requests.exceptions import RequestException
 
 from sessions.runtimes import deadlines, rootfs, seccomp
@@ -50,43 +48,30 @@ from sessions.runtimes.base import (
     sandbox_env,
     workspace_cwd,
 )
+from sessions.runtimes.channel import CLOSED, ChannelClosed, SupervisorChannel
 
+log = logging.getLogger("airlock.runtimes")
 NOBODY = "65534:65534"
-# The init and keep-alive run as another unprivileged uid, so a command (65534) cannot signal them.
-KEEPER = "65533:65533"
 LABEL_SESSION = "airlock.session"
 LABEL_DRIVER = "airlock.driver"
-STREAMS = {1: "stdout", 2: "stderr"}
 GVISOR_RUNTIME = "runsc"
 RUNSC_FIX = (
     "register gVisor with Docker: apt-get install -y runsc, put "
     '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open"]}}} '
     "in /etc/docker/daemon.json, then reload dockerd (kill -HUP $(pidof dockerd))"
 )
-
-# Runs inside a gVisor container: kills every process except pid 1 (the init), the
-# keep-alive whose pid is argv[1], and itself; repeats until none is left.
-REAPER = """
-import os, signal, sys, time
-keep = {1, os.getpid(), int(sys.argv[1])}
-for _ in range(500):
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in keep]
-    if not pids:
-        break
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    time.sleep(0.01)
-"""
-KEEPALIVE_PID = "import os; print(min(int(p) for p in os.listdir('/proc') if p.isdigit() and p != '1' " \
-                "and open(f'/proc/{p}/cmdline','rb').read() == b'sleep\\0infinity\\0'))"
+SUPERVISOR = (Path(__file__).with_name("supervisor.py")).read_text()
+SUPERVISOR_CAPS = ["SETUID", "SETGID", "SETPCAP", "KILL"]
+READY_S = 30  # for the supervisor's first frame (gVisor's start on a loaded host is slow)
+UNRESPONSIVE_S = 5  # past a command's deadline, a supervisor that has not ended it is given up on
+DRAIN_S = 10  # for a command whose consumer stopped reading to be killed and drained
+STATS_S = 2
 
 
 @dataclass
 class _Running:
-    reason: str | None = None  # set by whoever stops the command: timeout, killed, output_limit
+    id: int
+    reason: str | None = None  # set here only when the supervisor stopped answering
 
 
 class DockerDriver(Driver):
@@ -98,6 +83,8 @@ class DockerDriver(Driver):
         self.base_url = base_url
         self._client: docker.DockerClient | None = None
         self._running: dict[str, _Running] = {}
+        self._channels: dict[str, SupervisorChannel] = {}
+        self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._checked = False
         self._host_uds = False  # gVisor lets a sandbox connect to a host Unix socket mounted into it
@@ -149,26 +136,34 @@ class DockerDriver(Driver):
             # The host's pids cgroup counts the gVisor kernel's own threads (measured here: ~7
             # per guest process under the ptrace platform), and the sandbox dies when it cannot
             # make one, so it only guards the host; the guest's limit is its RLIMIT_NPROC, which
-            # gVisor enforces per sandbox.
+            # gVisor enforces per uid. It counts a process under the uid that forked it, so the
+            # command itself (forked by the supervisor as root, then 65534) is not counted: one less.
+            nproc = max(1, limits.pids - 1)
             pids_options = {"pids_limit": limits.pids * 16 + 256,
-                            "ulimits": [Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)]}
+                            "ulimits": [Ulimit(name="nproc", soft=nproc, hard=nproc)]}
         try:
-            container = self.client.containers.run(
-                rootfs.IMAGE, ["sleep", "infinity"], detach=True, init=True,
-                name=f"airlock-{spec.session_id}", hostname="sandbox", network_mode="none",
-                read_only=True, user=KEEPER, cap_drop=["ALL"], security_opt=self._security_options(),
-                ipc_mode="none",
+            api = self.client.api
+            host_config = api.create_host_config(
+                init=True, network_mode="none", read_only=True, cap_drop=["ALL"], cap_add=SUPERVISOR_CAPS,
+                security_opt=self._security_options(), ipc_mode="none",
                 **pids_options, mem_limit=limits.memory_mb * 2**20, memswap_limit=limits.memory_mb * 2**20,
-                nano_cpus=int(limits.cpus * 1e9), working_dir=WORKSPACE, environment={},
+                nano_cpus=int(limits.cpus * 1e9),
                 tmpfs={WORKSPACE: f"size={limits.disk_mb}m,mode=0700,{tmpfs_options}",
                        "/tmp": f"size={limits.tmp_mb}m,mode=0700,{tmpfs_options}",  # noqa: S108
                        "/dev/mqueue": "ro,size=4k,mode=0555"},
+                runtime=self.gvisor_runtime if self.isolation == "gvisor" else None,
+                log_config=LogConfig(type="none"),
+                # The session's egress socket and forwarder, when its policy allows egress.
+                binds={spec.egress_dir: {"bind": EGRESS_MOUNT, "mode": "ro"}} if spec.egress_dir else None,
+            )
+            # Attached stdin, closed when the runner's end closes (it died, or let go): that ends
+            # the supervisor, and the sandbox with it.
+            container = api.create_container(
+                rootfs.IMAGE, ["python3", "-I", "-S", "-c", SUPERVISOR], name=f"airlock-{spec.session_id}",
+                hostname="sandbox", user="0:0", working_dir="/", environment={}, stdin_open=True, detach=False,
                 labels={LABEL_SESSION: spec.session_id, LABEL_DRIVER: self.name, "airlock.tenant": spec.tenant,
                         rootfs.DIGEST_LABEL: self.image_digest},
-                runtime=self.gvisor_runtime if self.isolation == "gvisor" else None,
-                log_config={"type": "none"},
-                # The session's egress socket and forwarder, when its policy allows egress.
-                volumes={spec.egress_dir: {"bind": EGRESS_MOUNT, "mode": "ro"}} if spec.egress_dir else None,
+                host_config=host_config,
             )
         except APIError as exc:
             if exc.status_code == 409:
@@ -177,40 +172,55 @@ class DockerDriver(Driver):
         except (DockerException, RequestException) as exc:  # the daemon went away after check()
             raise RuntimeUnavailable(_daemon_fix(exc)) from None
         sandbox = Sandbox(id=spec.session_id, driver=self.name, spec=spec, rootfs_digest=self.image_digest,
-                          handle={"container": container.id}, cache_hit=not self._image_imported)
+                          handle={"container": container["Id"]}, cache_hit=not self._image_imported)
         self._image_imported = False  # the next sandbox finds the image in the cache
         try:
-            self._record_processes(sandbox, container)
+            self._start_supervisor(sandbox)
         except BaseException:
             self.destroy(sandbox)
             raise
         return sandbox
 
-    def _record_processes(self, sandbox: Sandbox, container) -> None:
-        if self.isolation == "gvisor":
-            sandbox.handle["keepalive_pid"] = int(self._helper(sandbox, KEEPALIVE_PID))
-            return
-        container.reload()
-        init_pid = container.attrs["State"]["Pid"]
-        children: list[str] = []
-        deadline = time.monotonic() + 5
-        while not children and time.monotonic() < deadline:  # docker-init forks the keep-alive
-            children = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
-            if not children:
-                time.sleep(0.005)
-        if not children:
-            raise SandboxError("the sandbox's keep-alive process did not start")
-        sandbox.handle.update(keep_host_pids=[init_pid, *map(int, children)],
-                              cgroup_procs=str(_cgroup_dir(init_pid, "pids") / "cgroup.procs"),
-                              memory_cgroup=str(_cgroup_dir(init_pid, "memory")))
+    def _start_supervisor(self, sandbox: Sandbox) -> None:
+        """Attach to the container before it starts (so no frame is lost), start it, and wait
+        for its supervisor's first frame."""
+        api = self.client.api
+        try:
+            sock = api.attach_socket(sandbox.handle["container"],
+                                     params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            channel = SupervisorChannel(getattr(sock, "_sock", sock), sandbox.id)
+            with self._lock:
+                self._channels[sandbox.id] = channel
+            api.start(sandbox.handle["container"])
+        except APIError as exc:
+            raise SandboxError(f"docker could not start the sandbox: {exc.explanation}") from None
+        except (DockerException, RequestException) as exc:
+            raise RuntimeUnavailable(_daemon_fix(exc)) from None
+        try:
+            ready = channel.reply(READY_S)
+        except ChannelClosed as exc:
+            raise SandboxError(f"the sandbox's supervisor did not start: {exc}") from None
+        if ready.get("reply") != "ready":
+            raise SandboxError(f"the sandbox's supervisor said {ready!r} first, not that it is ready")
+
+    def _channel(self, sandbox: Sandbox) -> SupervisorChannel:
+        with self._lock:
+            channel = self._channels.get(sandbox.id)
+        if channel is None or channel.closed.is_set():
+            raise SandboxError("the sandbox is not running (under gVisor an out-of-memory kill ends it)")
+        return channel
 
     def destroy(self, sandbox: Sandbox) -> None:
         self.destroy_by_id(sandbox.id)
 
     def destroy_by_id(self, sandbox_id: str) -> None:
+        with self._lock:
+            channel = self._channels.pop(sandbox_id, None)
         for container in self._containers(sandbox_id):
             with contextlib.suppress(NotFound):
                 container.remove(force=True, v=True)
+        if channel is not None:
+            channel.close()
 
     def list_sandboxes(self) -> list[str]:
         return sorted({c.labels.get(LABEL_SESSION, "") for c in self._containers()} - {""})
@@ -235,226 +245,112 @@ class DockerDriver(Driver):
         cwd = workspace_cwd(cwd)
         limits = sandbox.spec.limits
         timeout_s = min(timeout_s or limits.command_timeout_s, limits.command_timeout_s)
-        api = self.client.api
+        channel = self._channel(sandbox)
         started = time.monotonic()
-        oom_before = self._oom_kills(sandbox)
-        running = _Running()
+        running = _Running(id=next(self._ids))
         with self._lock:
             if sandbox.id in self._running:
                 raise SandboxError("a command is already running in this sandbox")
             self._running[sandbox.id] = running
         try:
-            exec_id = api.exec_create(
-                sandbox.handle["container"], argv, stdout=True, stderr=True, user=NOBODY,
-                workdir=cwd,
-                environment=sandbox_env(sandbox.spec, env), stdin=stdin is not None,
-            )["Id"]
-            sock = api.exec_start(exec_id, socket=True)
-        except BaseException as exc:
+            channel.send({"op": "exec", "id": running.id, "argv": argv, "cwd": cwd,
+                          "env": sandbox_env(sandbox.spec, env), "timeout_s": timeout_s,
+                          "max_output": limits.max_output_bytes,
+                          "stdin": base64.b64encode(stdin).decode() if stdin is not None else None})
+        except ChannelClosed:
             with self._lock:
                 self._running.pop(sandbox.id, None)
-            if isinstance(exc, APIError) and not self._container_running(sandbox):
-                raise SandboxError("the sandbox is not running (under gVisor an out-of-memory kill ends it)") from None
-            if isinstance(exc, (DockerException, RequestException)) and not isinstance(exc, APIError):
-                raise RuntimeUnavailable(_daemon_fix(exc)) from None
-            raise
-        raw = getattr(sock, "_sock", sock)
-        if stdin is not None:
-            threading.Thread(target=_feed, args=(raw, stdin), daemon=True).start()
-        # The one deadline mechanism: it holds even when nobody reads the output.
-        watchdog = deadlines.after(timeout_s, lambda: self._stop(sandbox, running, "timeout"))
-        output_bytes = 0
-
-        def on_idle() -> bool:
-            """True when the stream will not end by itself: the container died (under gVisor an
-            OOM ends the whole sandbox), or the command exited while a process it left behind
-            holds its output open (reaped here, which ends the stream)."""
-            if not self._container_running(sandbox):
-                return True
-            if not _exec_running(api, exec_id):
-                self._reap(sandbox)
-            return False
-
+            raise SandboxError("the sandbox is not running (under gVisor an out-of-memory kill ends it)") from None
+        # The supervisor keeps the deadline; this one holds if the supervisor itself stops.
+        backstop = deadlines.after(timeout_s + UNRESPONSIVE_S, lambda: self._give_up(sandbox, running))
+        ended, output_bytes = None, 0
         try:
-            for chunk in _frames(raw, on_idle=on_idle):
-                if running.reason is None:
-                    if output_bytes + len(chunk.data) > limits.max_output_bytes:
-                        self._stop(sandbox, running, "output_limit")
-                        continue
-                    output_bytes += len(chunk.data)
-                    yield chunk
-                # After a stop the stream is drained and dropped until it ends: under gVisor a
-                # process blocked writing to a full pipe only dies once the pipe is read.
+            while ended is None:
+                kind, payload = channel.events.get()
+                if (kind, payload) == CLOSED:
+                    break
+                if kind == b"x":
+                    message = json.loads(payload)
+                    if message["id"] == running.id:
+                        ended = message
+                    continue
+                output_bytes += len(payload)
+                yield Chunk(stream="stdout" if kind == b"1" else "stderr", data=payload)
         finally:
-            watchdog.cancel()
-            sock.close()
-            self._reap(sandbox)  # whatever the command left behind dies with it
+            backstop.cancel()
+            if ended is None and not channel.closed.is_set():
+                self._drain(channel, running)  # the consumer stopped reading: stop the command
             with self._lock:
                 self._running.pop(sandbox.id, None)
-        exit_code, reason = self._outcome(sandbox, api, exec_id, running.reason, oom_before)
+        exit_code, reason = self._outcome(sandbox, ended, running)
         yield ExitStatus(exit_code=exit_code, reason=reason, duration_ms=round((time.monotonic() - started) * 1000),
                          output_bytes=output_bytes)
 
-    def _outcome(self, sandbox: Sandbox, api, exec_id: str, reason: str | None, oom_before: int):
-        if reason is None and self.isolation != "gvisor":
-            # runc, the common case: the exec's own exit code, one call to the daemon. A command
-            # that ended normally left its container running (an OOM kill shows in the cgroup).
-            exit_code = api.exec_inspect(exec_id).get("ExitCode")
-            if exit_code is not None and 0 <= exit_code < 128:  # not killed by a signal
-                return exit_code, "oom" if self._oom_kills(sandbox) > oom_before else "exited"
-        state = self._container_state(sandbox)
-        if not state.get("Running"):
-            return None, "oom" if state.get("OOMKilled") else (reason or "killed")
-        if reason is not None:
+    def _outcome(self, sandbox: Sandbox, ended: dict | None, running: _Running) -> tuple[int | None, str]:
+        if ended is None:  # the stream ended: the container died, or the supervisor stopped answering
+            state = self._container_state(sandbox)
+            return None, "oom" if state.get("OOMKilled") else (running.reason or "killed")
+        reason = ended["reason"]
+        if reason in {"timeout", "killed", "output_limit"}:
             return None, reason
-        exit_code = api.exec_inspect(exec_id).get("ExitCode")
-        return exit_code, "oom" if self._oom_kills(sandbox) > oom_before else "exited"
+        code = ended["exit_code"]
+        return (128 - code if code < 0 else code), reason
+
+    def _drain(self, channel: SupervisorChannel, running: _Running) -> None:
+        """Kill a command nobody reads any more and drop what is left of it, up to its exit."""
+        with contextlib.suppress(ChannelClosed):
+            channel.send({"op": "kill", "id": running.id})
+        deadline = time.monotonic() + DRAIN_S
+        while time.monotonic() < deadline:
+            try:
+                kind, payload = channel.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if (kind, payload) == CLOSED or (kind == b"x" and json.loads(payload)["id"] == running.id):
+                return
+        log.warning("a command's supervisor did not end it within %s s of a kill", DRAIN_S)
+
+    def _give_up(self, sandbox: Sandbox, running: _Running) -> None:
+        """The supervisor let a command run past its deadline: the sandbox stops (the stream
+        ends, and the command with it)."""
+        running.reason = "timeout"
+        with contextlib.suppress(DockerException, RequestException):
+            self.client.api.kill(sandbox.handle["container"])
 
     def _container_state(self, sandbox: Sandbox) -> dict:
         try:
             return self.client.api.inspect_container(sandbox.handle["container"])["State"]
-        except NotFound:
+        except (NotFound, DockerException, RequestException):
             return {}
 
-    def _container_running(self, sandbox: Sandbox) -> bool:
-        return bool(self._container_state(sandbox).get("Running"))
-
-    def _stop(self, sandbox: Sandbox, running: _Running, reason: str) -> None:
-        """Mark the command stopped and reap in the background, while exec() keeps draining."""
-        if running.reason is None:
-            running.reason = reason
-        threading.Thread(target=self._reap, args=(sandbox,), name=f"reap-{sandbox.id}", daemon=True).start()
-
     def kill(self, sandbox: Sandbox) -> None:
+        """Ask the supervisor to kill the running command (it answers with the command's exit
+        `killed`); a kill that comes after its command ended names it, so reaches nothing."""
         with self._lock:
             running = self._running.get(sandbox.id)
-        if running is not None:
-            self._stop(sandbox, running, "killed")
-        else:
-            self._reap(sandbox)
-
-    def _reap(self, sandbox: Sandbox) -> None:
-        """Kill every process of the container except its init and keep-alive."""
-        if self.isolation == "gvisor":
-            with contextlib.suppress(APIError, NotFound, SandboxError):
-                self._helper(sandbox, REAPER, str(sandbox.handle["keepalive_pid"]), as_root=True)
-            return
-        keep = set(sandbox.handle["keep_host_pids"])
-        procs = Path(sandbox.handle["cgroup_procs"])
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                pids = {int(pid) for pid in procs.read_text().split()} - keep
-            except OSError:
-                return
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.002)
-
-    def _oom_kills(self, sandbox: Sandbox) -> int:
-        """OOM kills in the container's memory cgroup (runc; gVisor's kernel is opaque here)."""
-        if self.isolation == "gvisor":
-            return 0
-        memory = Path(sandbox.handle["memory_cgroup"])
-        for name in ("memory.oom_control", "memory.events"):  # cgroup v1, v2
-            with contextlib.suppress(OSError):
-                for line in (memory / name).read_text().splitlines():
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
-        return 0
-
-    def _helper(self, sandbox: Sandbox, code: str, *args: str, as_root: bool = False, timeout_s: float = 15) -> bytes:
-        """Run one of Airlock's own fixed Python programs in the container and return its stdout.
-        `-I` and cwd `/`: nothing the command wrote into /workspace can be imported into it.
-        Bounded in time: an exec into a gVisor sandbox that dies meanwhile never ends by itself."""
-        api = self.client.api
-        exec_id = api.exec_create(
-            sandbox.handle["container"], ["python3", "-I", "-c", code, *args], workdir="/",
-            user="0:0" if as_root else NOBODY, privileged=as_root,
-        )["Id"]
-        sock = api.exec_start(exec_id, socket=True)
-        try:
-            chunks = []
-            deadline = time.monotonic() + timeout_s
-
-            def give_up() -> bool:
-                if time.monotonic() > deadline:
-                    raise SandboxError("a helper program did not finish in time")
-                return not self._container_running(sandbox)
-
-            for chunk in _frames(getattr(sock, "_sock", sock), on_idle=give_up):
-                if chunk.stream == "stdout":
-                    chunks.append(chunk.data)
-            return b"".join(chunks).strip()
-        finally:
-            sock.close()
+            channel = self._channels.get(sandbox.id)
+        if running is not None and channel is not None:
+            with contextlib.suppress(ChannelClosed):
+                channel.send({"op": "kill", "id": running.id})
 
     def stats(self, sandbox: Sandbox) -> Stats:
         try:
             raw = self.client.api.stats(sandbox.handle["container"], stream=False)
-        except (APIError, NotFound):
+        except (DockerException, RequestException):  # gone meanwhile: an empty answer, not JSON
             return Stats(cpu_s=None, memory_bytes=None, disk_bytes=None)
         cpu_ns = raw.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage")
         memory = raw.get("memory_stats", {}).get("max_usage") or raw.get("memory_stats", {}).get("usage")
+        return Stats(cpu_s=cpu_ns / 1e9 if cpu_ns else None, memory_bytes=memory, disk_bytes=self._disk(sandbox))
+
+    def _disk(self, sandbox: Sandbox) -> int | None:
+        with self._lock:
+            channel = self._channels.get(sandbox.id)
+        if channel is None:
+            return None
         try:
-            disk = int(self._helper(sandbox, "import shutil; print(shutil.disk_usage('/workspace').used)"))
-        except (APIError, NotFound, SandboxError, ValueError):
-            disk = None
-        return Stats(cpu_s=cpu_ns / 1e9 if cpu_ns else None, memory_bytes=memory, disk_bytes=disk)
-
-
-IDLE_CHECK_S = 0.25
-
-
-def _feed(raw, data: bytes) -> None:
-    """Send a command's whole standard input, then end it (half-close), from its own thread."""
-    with contextlib.suppress(OSError):
-        raw.sendall(data)
-        raw.shutdown(socket.SHUT_WR)
-
-
-def _exec_running(api, exec_id: str) -> bool:
-    try:
-        return bool(api.exec_inspect(exec_id).get("Running"))
-    except NotFound:
-        return False
-
-
-def _frames(sock, *, on_idle: Callable[[], bool]) -> Iterator[Chunk]:
-    """Docker's multiplexed exec stream: 8-byte headers (stream, 0, 0, 0, big-endian size).
-    After each quiet IDLE_CHECK_S, asks on_idle whether to give up on the stream."""
-    buffer = b""
-    while True:
-        ready, _, _ = select.select([sock], [], [], IDLE_CHECK_S)
-        if not ready:
-            if on_idle():
-                return
-            continue
-        data = sock.recv(65536)
-        if not data:
-            return
-        buffer += data
-        while len(buffer) >= 8:
-            stream, size = buffer[0], struct.unpack(">I", buffer[4:8])[0]
-            if len(buffer) < 8 + size:
-                break
-            payload, buffer = buffer[8:8 + size], buffer[8 + size:]
-            if stream in STREAMS and payload:
-                yield Chunk(stream=STREAMS[stream], data=payload)
-
-
-def _cgroup_dir(pid: int, controller: str) -> Path:
-    """The host cgroup directory of process `pid` for a v1 controller (or the v2 group)."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # cgroup v2
-            return Path("/sys/fs/cgroup") / path.lstrip("/")
-        if controller in controllers.split(","):
-            return Path("/sys/fs/cgroup") / controller / path.lstrip("/")
-    raise SandboxError(f"cannot find the {controller} cgroup of container process {pid}")
+            return int(channel.ask({"op": "disk"}, STATS_S)["used"])
+        except (ChannelClosed, KeyError, TypeError, ValueError):
+            return None
 
 
 def _daemon_fix(exc: Exception) -> str:

@@ -1,0 +1,116 @@
+"""The runner's end of a sandbox's supervisor (supervisor.py): requests out, frames in.
+
+The channel is the container's attach stream: Docker multiplexes the container's stdout and
+stderr on it (8-byte headers: stream, 0, 0, 0, big-endian size), and the supervisor's own frames
+ride on its stdout. One reader thread per sandbox takes them apart: a command's output and exit
+go to `events` (bounded: a consumer that stops reading stops the sandbox's output, not the
+runner's memory), other replies to `replies`. When the stream ends (the container died, or was
+destroyed), both get CLOSED."""
+
+import contextlib
+import json
+import logging
+import queue
+import socket
+import struct
+import threading
+
+log = logging.getLogger("airlock.runtimes")
+CLOSED = ("closed", b"")
+EVENTS_MAX = 64  # frames of at most 64 KiB waiting for the command's consumer
+DOCKER_STDOUT, DOCKER_STDERR = 1, 2
+
+
+class ChannelClosed(Exception):
+    """The supervisor is gone: its sandbox died or was destroyed."""
+
+
+class SupervisorChannel:
+    def __init__(self, sock: socket.socket, name: str):
+        self.sock = sock
+        self.events: queue.Queue = queue.Queue(EVENTS_MAX)
+        self.replies: queue.Queue = queue.Queue()
+        self.closed = threading.Event()
+        self._send_lock = threading.Lock()
+        self._ask_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name=f"supervisor-{name}", daemon=True)
+        self._reader.start()
+
+    def send(self, request: dict) -> None:
+        line = json.dumps(request, separators=(",", ":")).encode() + b"\n"
+        with self._send_lock:
+            try:
+                self.sock.sendall(line)
+            except OSError:
+                raise ChannelClosed("the sandbox's supervisor is gone") from None
+
+    def reply(self, timeout_s: float) -> dict:
+        try:
+            kind, payload = self.replies.get(timeout=timeout_s)
+        except queue.Empty:
+            raise ChannelClosed("the sandbox's supervisor did not answer in time") from None
+        if (kind, payload) == CLOSED:
+            raise ChannelClosed("the sandbox's supervisor is gone")
+        return json.loads(payload)
+
+    def ask(self, request: dict, timeout_s: float) -> dict:
+        """One question, one answer; questions take turns, and an answer that came after its
+        asker gave up is dropped, not taken for the next one's."""
+        with self._ask_lock:
+            while True:
+                try:
+                    stale = self.replies.get_nowait()
+                except queue.Empty:
+                    break
+                if stale == CLOSED:
+                    self.replies.put(CLOSED)
+                    raise ChannelClosed("the sandbox's supervisor is gone")
+            self.send(request)
+            return self.reply(timeout_s)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def _read(self) -> None:
+        docker = b""  # Docker's frames
+        ours = b""  # the supervisor's, inside Docker's stdout frames
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return
+                docker += data
+                while len(docker) >= 8:
+                    stream, size = docker[0], struct.unpack(">I", docker[4:8])[0]
+                    if len(docker) < 8 + size:
+                        break
+                    payload, docker = docker[8:8 + size], docker[8 + size:]
+                    if stream == DOCKER_STDERR:
+                        log.warning("a sandbox's supervisor said: %s", payload.decode(errors="replace").strip())
+                    elif stream == DOCKER_STDOUT:
+                        ours += payload
+                        ours = self._dispatch(ours)
+        except OSError:
+            return
+        finally:
+            self.closed.set()
+            self.replies.put(CLOSED)
+            # Never blocks for long: a consumer reading events takes this in turn, and one
+            # that left has drained its command (the driver drains what it stops reading).
+            with contextlib.suppress(queue.Full):
+                self.events.put(CLOSED, timeout=30)
+
+    def _dispatch(self, buffer: bytes) -> bytes:
+        while len(buffer) >= 5:
+            size = struct.unpack(">I", buffer[1:5])[0]
+            if len(buffer) < 5 + size:
+                break
+            kind, payload, buffer = buffer[:1], buffer[5:5 + size], buffer[5 + size:]
+            if kind == b"j":
+                self.replies.put((kind, payload))
+            else:
+                self.events.put((kind, payload))
+        return buffer

@@ -1,0 +1,319 @@
+"""The in-sandbox supervisor of Docker and gVisor sandboxes (docs/architecture.md, "Runtimes").
+
+It is the container's main process (under docker-init) and runs every command itself: it forks,
+drops to uid 65534 without capabilities in a process group of its own, and streams the output
+back as frames, then the exit. The runner talks to it over the container's attached stdio
+(Docker's attach stream), which no sandboxed process can reach: its descriptors are not
+inherited, and /proc/<its pid>/fd is closed to another uid. A command's output is framed as
+data, so it cannot forge an exit either.
+
+This file is a standalone program, passed to `python3 -I -S -c` inside the sandbox: the Python
+standard library only, nothing of Airlock.
+
+Requests, one JSON object a line on stdin:
+    {"op": "exec", "id": n, "argv": [...], "cwd": "/workspace", "env": {...}, "timeout_s": 15,
+     "max_output": bytes, "stdin": base64 or null}
+    {"op": "kill", "id": n}        kill command n, if it is the one running (else nothing)
+    {"op": "disk"}                 answered {"reply": "disk", "used": bytes of /workspace}
+Frames on stdout: one byte of kind, four of length (big-endian), then the payload:
+    b"1" stdout data, b"2" stderr data, b"x" the exit (JSON), b"j" any other reply (JSON).
+The first frame is {"reply": "ready", "pid": its pid}."""
+
+import base64
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import select
+import shutil
+import signal
+import struct
+import sys
+import time
+
+NOBODY = 65534
+PR_CAPBSET_DROP = 24
+OUT_HIGH = 1 << 20  # bytes of frames waiting to be read by the runner before commands' pipes wait
+READ = 65536
+
+
+def oom_kills() -> int:
+    """OOM kills so far in the sandbox's memory cgroup, as runc shows it inside (cgroup v1 or
+    v2); 0 where it is not shown (gVisor: there an OOM ends the whole sandbox)."""
+    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
+        try:
+            with open(path) as counters:
+                for line in counters:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def drop_bounding_set() -> None:
+    """Empty the capability bounding set, which every command inherits: nothing a command
+    executes can gain a capability, whatever the file. This process keeps the ones it has."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    cap = 0
+    while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+    if ctypes.get_errno() != errno.EINVAL:  # past the last capability; anything else is a failure
+        raise OSError(ctypes.get_errno(), f"cannot drop capability {cap} from the bounding set")
+
+
+def keep_descriptors_to_itself() -> None:
+    """Whatever docker-init passed beyond stdio closes on a command's exec (Python opens its own
+    descriptors close-on-exec)."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(int(name), False)
+
+
+class Supervisor:
+    def __init__(self):
+        self.requests = b""
+        self.out = bytearray()
+        self.running = None  # the command that runs: a dict
+        self.queue = []  # requests that came while a command ran
+        drop_bounding_set()
+        keep_descriptors_to_itself()
+        for fd in (0, 1):
+            os.set_blocking(fd, False)
+        # A command's exit wakes the loop: SIGCHLD writes a byte to this pipe.
+        self.wakeup, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.set_wakeup_fd(wakeup_w, warn_on_full_buffer=False)
+
+    # -- the runner's side ------------------------------------------------------------------
+    def frame(self, kind: bytes, payload: bytes) -> None:
+        self.out += kind + struct.pack(">I", len(payload)) + payload
+
+    def reply(self, kind: bytes, message: dict) -> None:
+        self.frame(kind, json.dumps(message).encode())
+
+    def flush(self) -> None:
+        while self.out:
+            try:
+                sent = os.write(1, self.out[:READ])
+            except BlockingIOError:
+                return
+            del self.out[:sent]
+
+    def read_requests(self) -> bool:
+        """Take what arrived on stdin; False once the runner has gone (stdin ended)."""
+        try:
+            data = os.read(0, READ)
+        except BlockingIOError:
+            return True
+        if not data:
+            return False
+        self.requests += data
+        while b"\n" in self.requests:
+            line, self.requests = self.requests.split(b"\n", 1)
+            try:
+                request = json.loads(line)
+            except ValueError:
+                continue
+            self.handle(request)
+        return True
+
+    def handle(self, request: dict) -> None:
+        op = request.get("op")
+        if op == "kill":
+            if self.running is not None and self.running["id"] == request.get("id"):
+                self.stop("killed")
+        elif op == "exec" and self.running is not None:
+            self.queue.append(request)
+        elif op == "exec":
+            self.start(request)
+        elif op == "disk":
+            self.reply(b"j", {"reply": "disk", "used": shutil.disk_usage("/workspace").used})
+
+    # -- a command --------------------------------------------------------------------------
+    def start(self, request: dict) -> None:
+        command = {"id": request["id"], "reason": None, "oom_kills": oom_kills(), "output": 0,
+                   "max_output": request["max_output"], "deadline": time.monotonic() + request["timeout_s"],
+                   "pipes": {}, "stdin": None, "pid": None}
+        stdin = base64.b64decode(request["stdin"]) if request.get("stdin") is not None else None
+        try:
+            pid, pipes, stdin_fd = self.spawn(request, stdin is not None)
+        except OSError as exc:
+            self.frame(b"2", f"airlock: cannot run {request['argv'][0]!r}: {exc.strerror}\n".encode())
+            self.reply(b"x", {"id": request["id"], "exit_code": 127, "reason": "exited", "output": 0})
+            return
+        command.update(pid=pid, pipes=pipes, started=time.monotonic())
+        if stdin_fd is not None:
+            command["stdin"] = [stdin_fd, stdin]
+        self.running = command
+
+    def spawn(self, request: dict, with_stdin: bool):
+        """Fork the command: its own session and process group, uid and gid 65534, no
+        supplementary groups and no capability (its bounding set is empty, from this process),
+        first in line for the OOM killer; stdin from a pipe or /dev/null, and no other
+        descriptor of this process."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe() if with_stdin else (os.open("/dev/null", os.O_RDONLY), None)
+        # An error of the child before exec (a cwd or argv[0] that is missing) comes back here.
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # the child: only async-signal-safe work until exec
+            try:
+                os.setsid()
+                for fd, target in ((in_r, 0), (out_w, 1), (err_w, 2)):
+                    os.dup2(fd, target)  # every other descriptor is close-on-exec
+                with open("/proc/self/oom_score_adj", "w") as adj:
+                    adj.write("1000")
+                os.setgroups([])
+                os.setresgid(NOBODY, NOBODY, NOBODY)
+                os.setresuid(NOBODY, NOBODY, NOBODY)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                os.chdir(request["cwd"])
+                os.execvpe(request["argv"][0], request["argv"], request["env"])  # noqa: S606 - argv, never a shell
+            except OSError as exc:
+                os.write(status_w, struct.pack(">i", exc.errno or 1))
+            finally:
+                os._exit(127)
+        for fd in (in_r, out_w, err_w, status_w):
+            os.close(fd)
+        failure = os.read(status_r, 4)
+        os.close(status_r)
+        if failure:
+            os.waitpid(pid, 0)
+            for fd in (out_r, err_r, in_w):
+                if fd is not None:
+                    os.close(fd)
+            code = struct.unpack(">i", failure)[0]
+            raise OSError(code, os.strerror(code))
+        for fd in (out_r, err_r) + ((in_w,) if in_w is not None else ()):
+            os.set_blocking(fd, False)
+        return pid, {out_r: b"1", err_r: b"2"}, in_w
+
+    def stop(self, reason: str) -> None:
+        command = self.running
+        if command["reason"] is None:
+            command["reason"] = reason
+        self.reap()
+
+    def reap(self) -> None:
+        """Kill every process of the sandbox but docker-init and this one, until none is left
+        (a command may fork as fast as it can; zombies are docker-init's to collect)."""
+        keep = {1, os.getpid()}
+        for _ in range(1000):
+            alive = False
+            for name in os.listdir("/proc"):
+                if not name.isdigit() or int(name) in keep:
+                    continue
+                try:
+                    with open(f"/proc/{name}/stat", "rb") as stat:
+                        if stat.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                            continue
+                    os.kill(int(name), signal.SIGKILL)
+                    alive = True
+                except (OSError, IndexError):
+                    continue
+            if not alive:
+                return
+            time.sleep(0.001)
+
+    def pump(self) -> None:
+        """One turn of a running command: its output, its stdin, its deadline, its end."""
+        command = self.running
+        if command["reason"] is None and time.monotonic() > command["deadline"]:
+            self.stop("timeout")
+        if command["stdin"] is not None and not command["stdin"][1]:
+            os.close(command["stdin"][0])
+            command["stdin"] = None
+        if command["pid"] is not None:
+            pid, status = os.waitpid(command["pid"], os.WNOHANG)
+            if pid:
+                command["pid"], command["status"] = None, status
+                self.reap()  # what it left behind dies with it, and the pipes it held close
+        if command["pid"] is None and not command["pipes"]:
+            self.finish(command)
+
+    def finish(self, command: dict) -> None:
+        if command["stdin"] is not None:
+            os.close(command["stdin"][0])
+        reason = command["reason"] or ("oom" if oom_kills() > command["oom_kills"] else "exited")
+        self.reply(b"x", {"id": command["id"], "exit_code": os.waitstatus_to_exitcode(command["status"]),
+                          "reason": reason, "output": command["output"]})
+        self.running = None
+        while self.queue and self.running is None:
+            self.start(self.queue.pop(0))
+
+    def read_output(self, fd: int) -> None:
+        command = self.running
+        try:
+            data = os.read(fd, READ)
+        except BlockingIOError:
+            return
+        if not data:
+            os.close(fd)
+            del command["pipes"][fd]
+            return
+        if command["reason"] is not None:
+            return  # stopped: drained and dropped until the pipe ends
+        if command["output"] + len(data) > command["max_output"]:
+            self.stop("output_limit")
+            return
+        command["output"] += len(data)
+        self.frame(command["pipes"][fd], data)
+
+    def write_stdin(self) -> None:
+        fd, data = self.running["stdin"]
+        try:
+            sent = os.write(fd, data[:READ])
+        except BlockingIOError:
+            return
+        except OSError:  # the command closed its stdin: the rest is dropped
+            sent = len(data)
+        self.running["stdin"][1] = data[sent:]
+
+    # -- the loop ---------------------------------------------------------------------------
+    def serve(self) -> None:
+        self.reply(b"j", {"reply": "ready", "pid": os.getpid()})
+        while True:
+            command = self.running
+            readers = [0, self.wakeup]
+            writers = [1] if self.out else []
+            timeout = None
+            if command is not None:
+                if len(self.out) < OUT_HIGH or command["reason"] is not None:
+                    readers += list(command["pipes"])
+                if command["stdin"] is not None and command["stdin"][1]:
+                    writers.append(command["stdin"][0])
+                if command["reason"] is None:
+                    timeout = max(0.0, command["deadline"] - time.monotonic())
+            ready_r, ready_w, _ = select.select(readers, writers, [], timeout)
+            if self.wakeup in ready_r:
+                while True:
+                    try:
+                        if not os.read(self.wakeup, 4096):
+                            break
+                    except BlockingIOError:
+                        break
+            if 0 in ready_r and not self.read_requests():
+                self.reap()
+                return
+            if 1 in ready_w:
+                self.flush()
+            if command is not None:
+                for fd in ready_r:
+                    if fd in command["pipes"]:
+                        self.read_output(fd)
+                if command["stdin"] is not None and command["stdin"][0] in ready_w:
+                    self.write_stdin()
+                self.pump()
+            self.flush()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        Supervisor().serve()
+    except KeyboardInterrupt:
+        sys.exit(0)

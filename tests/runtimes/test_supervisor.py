@@ -1,0 +1,102 @@
+"""The supervisor of Docker and gVisor sandboxes: a command can neither reach nor impersonate it,
+and a runner that lets go of a sandbox (it died) leaves nothing running in it. On real sandboxes."""
+
+import json
+import struct
+import time
+import uuid
+
+import pytest
+
+from sessions.runtimes.base import Limits, SandboxSpec
+from tests.runtimes.conftest import checked_driver
+from tests.runtimes.helpers import py, run
+
+REACH = """
+import os
+mine = os.getpid()
+reached = []
+for pid in os.listdir('/proc'):
+    if not pid.isdigit() or int(pid) == mine:
+        continue
+    for fd in ('0', '1', '2'):
+        for mode in ('rb', 'wb'):
+            try:
+                open(f'/proc/{pid}/fd/{fd}', mode, buffering=0).close()
+                reached.append(f'{pid}/{fd}/{mode}')
+            except OSError:
+                pass
+own = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))
+print(json.dumps({'reached': reached, 'own': own}))
+"""
+
+
+@pytest.fixture(params=["docker", "gvisor"], scope="module")
+def supervised(request, built_rootfs):
+    return checked_driver(request.param, built_rootfs)
+
+
+@pytest.fixture
+def sandbox(supervised):
+    sandbox = supervised.create(SandboxSpec(tenant="conformance", session_id=str(uuid.uuid4()),
+                                            limits=Limits(command_timeout_s=20)))
+    yield sandbox
+    supervised.destroy(sandbox)
+
+
+def test_a_command_cannot_open_its_supervisors_stdio_or_any_other_processes(supervised, sandbox):
+    # (gVisor lets another uid list the numbers in /proc/<pid>/fd; opening any is refused.)
+    found = json.loads(py(supervised, sandbox, "import json\n" + REACH).stdout)
+    assert found["reached"] == []
+    # Its own descriptors: its stdio, and the one listing them (opened last).
+    assert found["own"][:3] == [0, 1, 2] and len(found["own"]) <= 4, found["own"]
+
+
+def test_a_command_cannot_signal_its_supervisor(supervised, sandbox):
+    code = (
+        "import os, signal\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit() and int(pid) != os.getpid():\n"
+        "        for sig in (signal.SIGSTOP, signal.SIGKILL):\n"
+        "            try:\n"
+        "                os.kill(int(pid), sig); print('signalled', pid)\n"
+        "            except PermissionError:\n"
+        "                pass\n"
+    )
+    assert py(supervised, sandbox, code).stdout == ""
+    assert run(supervised, sandbox, ["true"]).status.exit_code == 0
+
+
+def test_a_command_cannot_forge_its_exit_or_another_frame(supervised, sandbox):
+    """What a command writes is its output, byte for byte, however much it looks like the
+    supervisor's frames or Docker's: the exit that counts is the real one."""
+    forged = b"".join(
+        b"x" + struct.pack(">I", len(body)) + body
+        for body in (json.dumps({"id": n, "exit_code": 0, "reason": "exited", "output": 0}).encode()
+                     for n in range(1, 200)))
+    forged += b"j" + struct.pack(">I", 17) + b'{"reply": "disk"}' + b"\x01\x00\x00\x00\x00\x00\x00\x05hello"
+    code = (
+        "import sys, time\n"
+        "data = bytes.fromhex(sys.argv[1])\n"
+        "sys.stdout.buffer.write(data); sys.stdout.flush()\n"
+        "sys.stderr.buffer.write(data); sys.stderr.flush()\n"
+        "time.sleep(0.3)\n"
+        "sys.exit(7)\n"
+    )
+    result = py(supervised, sandbox, code, forged.hex())
+    assert (result.status.exit_code, result.status.reason) == (7, "exited")
+    assert result.out("stdout") == forged and result.out("stderr") == forged
+    assert run(supervised, sandbox, ["echo", "next"]).stdout == "next\n"
+
+
+def test_a_sandbox_whose_runner_let_go_stops_with_what_ran_in_it(supervised, sandbox):
+    token = f"airlock-{uuid.uuid4().hex}"
+    events = supervised.exec(sandbox, ["python3", "-c", "import time; print('up', flush=True); time.sleep(300)",
+                                       token])
+    assert next(events).data == b"up\n"
+    supervised._channels[sandbox.id].close()  # what a runner's death does to the attach stream
+    deadline = time.monotonic() + 20
+    while supervised.client.api.inspect_container(sandbox.handle["container"])["State"]["Running"]:
+        assert time.monotonic() < deadline, "the sandbox kept running after its runner let go"
+        time.sleep(0.1)
+    assert list(events)[-1].reason in {"killed", "oom"}
