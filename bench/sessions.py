@@ -9,9 +9,14 @@ called directly, no server), and Airlock's figures as ratios of them.
     .venv/bin/python bench/sessions.py --url http://127.0.0.1:8000 --key alk_… --policy NAME
         an existing server, whose policy NAME allows `true` and `python3`
 
+Then, where Docker runs, session create on Docker and gVisor through the API: from a warm pool
+(a server with AIRLOCK_WARM_POOL, given time to refill between creates) and cold (a server
+without one), each server of its own.
+
 Targets (2 cores): create p95 <= 50 ms, exec round trip p95 <= 40 ms and <= 2x the bare driver
 exec p95, output to WebSocket p95 <= 50 ms, 20 x 20 throughput >= 0.6x the bare driver's at the
-same concurrency. Traffic goes to loopback only."""
+same concurrency; Docker and gVisor create from a warm pool p95 <= 50 ms. Traffic goes to
+loopback only."""
 
 import argparse
 import contextlib
@@ -38,7 +43,7 @@ from server import Api, start_server  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 from sessions.runtimes import get_driver  # noqa: E402
-from sessions.runtimes.base import SandboxSpec  # noqa: E402
+from sessions.runtimes.base import RuntimeUnavailable, SandboxSpec  # noqa: E402
 
 POLICY = """limits: {command_timeout_s: 30, output_tail_chars: 8000}
 commands:
@@ -69,6 +74,29 @@ def bench_create(api: Api, policy: str, runs: int) -> list[float]:
         samples.append(elapsed)
         api.end(session)
     return samples
+
+
+def bench_pooled_create(driver: str, runs: int) -> None:
+    """Session create on `driver` through the API, warm (from a pool of 2) and cold (no pool)."""
+    policy = POLICY + f"runtime: {{driver: {driver}}}\n"
+    refill_s = {"docker": 1.0, "gvisor": 2.0}[driver]
+    for start, env in (("warm pool", {"AIRLOCK_WARM_POOL": f"{driver}:2"}), ("cold", {"AIRLOCK_WARM_POOL": ""})):
+        url, key, server, data = start_server(policy, **env)
+        try:
+            api = Api(url, key)
+            api.end(api.open("bench"))  # starts the runner (and its pool), and the pool learns the limits
+            samples, warm = [], 0
+            for _ in range(runs):
+                time.sleep(refill_s)  # an agent's pause: the pool refills meanwhile
+                elapsed, session = timed(api.open, "bench")
+                samples.append(elapsed)
+                warm += bool(session.get("warm"))
+                api.end(session)
+            print(line(f"{driver} create ({start}), {warm}/{runs} warm", samples, 50 if start == "warm pool" else None))
+        finally:
+            server.terminate()
+            server.wait(30)
+            shutil.rmtree(data, ignore_errors=True)
 
 
 def bench_exec(api: Api, session: dict, runs: int) -> list[float]:
@@ -223,6 +251,15 @@ def main() -> None:
             server.terminate()
             server.wait(30)
             shutil.rmtree(data, ignore_errors=True)
+    if options.url:
+        return
+    for driver in ("docker", "gvisor"):
+        try:
+            get_driver(driver).check()
+        except RuntimeUnavailable as exc:
+            print(f"  {driver} create: unavailable here ({exc})")
+            continue
+        bench_pooled_create(driver, max(12, options.runs // 5))
 
 
 if __name__ == "__main__":

@@ -74,6 +74,26 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_pools(name: str, drivers: tuple[str, ...]) -> dict[str, int]:
+    """`driver:size,…` (for example `docker:4,gvisor:2`): how many started sandboxes each driver
+    keeps warm. Unset or empty: none."""
+    raw = os.environ.get(name, "").strip()
+    pools: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        driver, _, size = item.partition(":")
+        driver = driver.strip().lower()
+        if driver not in drivers:
+            raise ImproperlyConfigured(f"{name}={raw!r}: {driver!r} is not a driver with a pool "
+                                       f"(use {', '.join(drivers)}), as in docker:4,gvisor:2")
+        try:
+            pools[driver] = int(size)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={raw!r}: {size!r} is not a pool size, as in docker:4") from None
+        if not 0 <= pools[driver] <= 64:
+            raise ImproperlyConfigured(f"{name}={raw!r}: a pool holds 0 to 64 sandboxes")
+    return pools
+
+
 def host_memory_mb() -> int:
     """The memory this process may use: the host's (MemTotal), or its cgroup's limit when that is
     lower (a container); 4096 where neither can be read."""

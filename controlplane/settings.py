@@ -16,6 +16,7 @@ from controlplane.env import (
     env_float,
     env_int,
     env_list,
+    env_pools,
     env_str,
     host_cpus,
     host_memory_mb,
@@ -233,6 +234,8 @@ if AIRLOCK_RUNNER_DEAD_AFTER_S <= AIRLOCK_RUNNER_HEARTBEAT_S:
         f"{AIRLOCK_RUNNER_HEARTBEAT_S}: every runner would be declared dead between two beats"
     )
 AIRLOCK_RUNNER_REAP_INTERVAL_S = env_int("AIRLOCK_RUNNER_REAP_INTERVAL_S", 60, minimum=1)
+# Started sandboxes each driver keeps warm, per runner (sessions/runtimes/pool.py): docker:4,gvisor:2.
+AIRLOCK_WARM_POOL = env_pools("AIRLOCK_WARM_POOL", ("docker", "gvisor"))
 AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
 # Admission (sessions/admission.py): what one tenant may have at once, and the host memory the
 # sessions of one runner may reserve (their policies' memory, /workspace and /tmp limits).

@@ -132,7 +132,7 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
                              f"({chosen_by}): {reply.get('detail')}", 503)
     # What its runner wrote; the tenant and the version stay as read above (each a query less).
     session.refresh_from_db(fields=["state", "state_reason", "ready_at", "ended_at", "rootfs_digest", "prepare_ms",
-                                    "cache_hit"])
+                                    "cache_hit", "warm"])
     return Opened(session=session, token=token)
 
 
@@ -164,11 +164,11 @@ def _create(*, tenant: Tenant, conversation_id: str, version: PolicyVersion, run
 
 @transaction.atomic
 def session_ready(*, session_id, rootfs_digest: str, prepare_ms: int | None = None,
-                  cache_hit: bool | None = None) -> bool:
+                  cache_hit: bool | None = None, warm: bool | None = None) -> bool:
     """`prepare_ms`: the runner's time to make the sandbox and its workspace; `cache_hit`: the
-    root filesystem was already in the local cache."""
+    root filesystem was already in the local cache; `warm`: the sandbox came from a warm pool."""
     Session.objects.filter(pk=session_id).update(rootfs_digest=rootfs_digest, prepare_ms=prepare_ms,
-                                                 cache_hit=cache_hit)
+                                                 cache_hit=cache_hit, warm=warm)
     moved = _move(session_id, SessionState.READY)
     if moved:
         _published(session_id)

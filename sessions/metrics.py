@@ -17,9 +17,10 @@ from django.utils import timezone
 from controlplane.models import Tenant
 from policies_app.models import DecisionRecord, DecisionRollup
 from policies_app.rollups import argument_pattern, bucket_of, by_hour
-from sessions.models import CommandRun, CommandState, Session
+from sessions.models import CommandRun, CommandState, Runner, Session
 
 MAX_ROWS = 20_000
+POOLED_DRIVERS = {"docker", "gvisor"}  # drivers that keep warm pools (sessions/runtimes/pool.py)
 RETRY_WINDOW = timedelta(minutes=5)  # the same intent again within this long counts as a retry
 
 
@@ -41,6 +42,10 @@ class Metrics:
     prepare_ms: dict = field(default_factory=dict)
     cache_hits: int = 0
     cache_lookups: int = 0
+    start_warm_ms: dict = field(default_factory=dict)  # sessions whose sandbox came from a warm pool
+    start_cold_ms: dict = field(default_factory=dict)  # the others on a driver that has pools
+    warm_hits: int = 0
+    warm_lookups: int = 0  # sessions on a driver with pools (docker, gvisor)
     cpu_s: float = 0.0
     storage_mb_hours: float = 0.0
     session_minutes: float = 0.0
@@ -55,6 +60,10 @@ class Metrics:
     @property
     def cache_hit_rate(self) -> float | None:
         return self.cache_hits / self.cache_lookups if self.cache_lookups else None
+
+    @property
+    def warm_hit_rate(self) -> float | None:
+        return self.warm_hits / self.warm_lookups if self.warm_lookups else None
 
     @property
     def cost_per_minute(self) -> float | None:
@@ -84,14 +93,14 @@ def _sessions(metrics: Metrics, tenant: Tenant) -> None:
     rows = list(Session.objects.filter(tenant=tenant, created_at__gte=metrics.since, created_at__lt=metrics.until)
                 .order_by("-created_at")
                 .values_list("created_at", "ready_at", "ended_at", "prepare_ms", "cache_hit", "cpu_s",
-                             "disk_bytes")[:MAX_ROWS + 1])
+                             "disk_bytes", "driver", "warm")[:MAX_ROWS + 1])
     metrics.sampled |= len(rows) > MAX_ROWS
     rows = rows[:MAX_ROWS]
     metrics.sessions = len(rows)
-    starts, prepares = [], []
+    starts, prepares, by_pool = [], [], {True: [], False: []}
     hourly = by_hour(metrics.since, metrics.until)
     buckets = defaultdict(list)
-    for created, ready, ended, prepare_ms, cache_hit, cpu_s, disk_bytes in rows:
+    for created, ready, ended, prepare_ms, cache_hit, cpu_s, disk_bytes, driver, warm in rows:
         if prepare_ms is not None:
             prepares.append(prepare_ms)
         if cache_hit is not None:
@@ -101,16 +110,33 @@ def _sessions(metrics: Metrics, tenant: Tenant) -> None:
             start_ms = (ready - created).total_seconds() * 1000
             starts.append(start_ms)
             buckets[bucket_of(created, hourly)].append(start_ms)
+            if warm is not None and driver in POOLED_DRIVERS:
+                metrics.warm_lookups += 1
+                metrics.warm_hits += warm
+                by_pool[warm].append(start_ms)
             minutes = ((ended or metrics.until) - ready).total_seconds() / 60
             metrics.session_minutes += minutes
             metrics.cpu_s += cpu_s or 0.0
             metrics.storage_mb_hours += (disk_bytes or 0) / 2**20 * minutes / 60
     metrics.start_ms = {"p50": percentile(starts, 50), "p95": percentile(starts, 95)}
     metrics.prepare_ms = {"p50": percentile(prepares, 50), "p95": percentile(prepares, 95)}
+    metrics.start_warm_ms = {"p50": percentile(by_pool[True], 50), "p95": percentile(by_pool[True], 95)}
+    metrics.start_cold_ms = {"p50": percentile(by_pool[False], 50), "p95": percentile(by_pool[False], 95)}
     metrics.cost = (metrics.cpu_s * settings.AIRLOCK_COST_PER_CPU_SECOND
                     + metrics.storage_mb_hours * settings.AIRLOCK_COST_PER_MB_HOUR)
     metrics.starts_over_time = [{"at": at, "sessions": len(values), "p95_ms": percentile(values, 95)}
                                 for at, values in sorted(buckets.items())]
+
+
+def warm_pools() -> dict[str, dict]:
+    """The warm pools of the live runners, summed by driver: {driver: {size, ready}}."""
+    pools: dict[str, dict] = {}
+    for runner_pools in Runner.objects.filter(stopped_at__isnull=True).values_list("pools", flat=True):
+        for driver, status in (runner_pools or {}).items():
+            total = pools.setdefault(driver, {"size": 0, "ready": 0})
+            total["size"] += int(status.get("size", 0))
+            total["ready"] += int(status.get("ready", 0))
+    return dict(sorted(pools.items()))
 
 
 def _retries(metrics: Metrics, tenant: Tenant) -> None:

@@ -60,6 +60,7 @@ class Session(models.Model):
     # The host memory its limits let it hold (memory, /workspace and /tmp), reserved on its runner.
     reserved_mb = models.PositiveIntegerField(default=0)
     cache_hit = models.BooleanField(null=True)  # the root filesystem was in the local cache
+    warm = models.BooleanField(null=True)  # the sandbox came from a warm pool (null: not ready yet)
     # The last resource figures the runner saw (CPU seconds, memory bytes, disk bytes).
     cpu_s = models.FloatField(null=True, blank=True)
     memory_bytes = models.BigIntegerField(null=True, blank=True)
@@ -148,6 +149,8 @@ class Runner(models.Model):
     reaped = models.PositiveIntegerField(default=0, help_text="orphan sandboxes this runner destroyed")
     memory_mb = models.PositiveIntegerField(default=0, help_text="host memory its sessions may reserve in all "
                                             "(AIRLOCK_RUNNER_MEMORY_MB)")
+    # Its warm pools as of its last beat: {driver: {"size": n, "ready": n, "profile": "cpus/memory/..."}}.
+    pools = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-started_at"]

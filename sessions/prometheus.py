@@ -25,7 +25,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from controlplane.api.auth import ApiKeyAuthentication
 from controlplane.models import ApiKeyScope, Tenant
-from sessions.metrics import sessions_by_state, tenant_metrics
+from sessions.metrics import sessions_by_state, tenant_metrics, warm_pools
 from sessions.models import Runner
 
 WINDOW = timedelta(hours=24)
@@ -45,6 +45,11 @@ class TenantCollector:
             "prepare": GaugeMetricFamily("airlock_session_prepare_seconds", "Preparation (sandbox and workspace "
                                          "ready, in the runner), quantiles over the last 24 h",
                                          labels=["tenant", "quantile"]),
+            "start_pool": GaugeMetricFamily("airlock_session_start_by_pool_seconds", "Session start of Docker and "
+                                            "gVisor sessions from a warm pool or cold, quantiles over the last 24 h",
+                                            labels=["tenant", "start", "quantile"]),
+            "warm": GaugeMetricFamily("airlock_warm_pool_hit_ratio", "Docker and gVisor sessions whose sandbox "
+                                      "came from a warm pool, last 24 h", labels=["tenant"]),
             "cache": GaugeMetricFamily("airlock_rootfs_cache_hit_ratio", "Sandboxes whose root filesystem (or "
                                        "image) was in the local cache, last 24 h", labels=["tenant"]),
             "cost": GaugeMetricFamily("airlock_session_cost_per_minute", "CPU-seconds and storage MB-hours times "
@@ -68,8 +73,11 @@ class TenantCollector:
                     gauges["start"].add_metric([slug, quantile], metrics.start_ms[key] / 1000)
                 if metrics.prepare_ms.get(key) is not None:
                     gauges["prepare"].add_metric([slug, quantile], metrics.prepare_ms[key] / 1000)
-            for name, value in (("cache", metrics.cache_hit_rate), ("cost", metrics.cost_per_minute),
-                                ("retry", metrics.retry_rate)):
+                for start, figures in (("warm", metrics.start_warm_ms), ("cold", metrics.start_cold_ms)):
+                    if figures.get(key) is not None:
+                        gauges["start_pool"].add_metric([slug, start, quantile], figures[key] / 1000)
+            for name, value in (("cache", metrics.cache_hit_rate), ("warm", metrics.warm_hit_rate),
+                                ("cost", metrics.cost_per_minute), ("retry", metrics.retry_rate)):
                 if value is not None:
                     gauges[name].add_metric([slug], value)
             gauges["started"].add_metric([slug], metrics.sessions)
@@ -83,6 +91,15 @@ class TenantCollector:
                                          "destroyed by the runners")
             reaped.add_metric([], Runner.objects.aggregate(total=Sum("reaped"))["total"] or 0)
             yield reaped
+            size = GaugeMetricFamily("airlock_warm_pool_size", "Sandboxes the live runners' warm pools keep "
+                                     "(AIRLOCK_WARM_POOL)", labels=["driver"])
+            ready = GaugeMetricFamily("airlock_warm_pool_ready", "Started sandboxes waiting in the live runners' "
+                                      "warm pools", labels=["driver"])
+            for driver, pool in warm_pools().items():
+                size.add_metric([driver], pool["size"])
+                ready.add_metric([driver], pool["ready"])
+            yield size
+            yield ready
 
 
 def _tenants_for(request) -> tuple[list[Tenant] | None, bool, int, str]:

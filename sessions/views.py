@@ -13,7 +13,7 @@ from controlplane.decorators import tenant_view
 from policies_app.denials import PERIODS
 from policies_app.rollups import by_hour
 from sessions import lifecycle, selectors
-from sessions.metrics import tenant_metrics
+from sessions.metrics import tenant_metrics, warm_pools
 from sessions.models import SessionState
 
 STATE_FILTERS = ["active", *SessionState.values]
@@ -91,6 +91,6 @@ def metrics_page(request):
     }
     return render(request, "sessions/metrics.html", {
         "section": "metrics", "periods": PERIODS, "period": period, "m": figures, "charts": charts,
-        "currency": settings.AIRLOCK_COST_CURRENCY, "rates": {"cpu": settings.AIRLOCK_COST_PER_CPU_SECOND,
-                                                             "mb_hour": settings.AIRLOCK_COST_PER_MB_HOUR},
+        "pools": warm_pools(), "currency": settings.AIRLOCK_COST_CURRENCY,
+        "rates": {"cpu": settings.AIRLOCK_COST_PER_CPU_SECOND, "mb_hour": settings.AIRLOCK_COST_PER_MB_HOUR},
     })

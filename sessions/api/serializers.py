@@ -56,7 +56,7 @@ class SessionSerializer(serializers.ModelSerializer):
     class Meta:
         model = Session
         fields = ["id", "conversation_id", "tenant", "state", "state_reason", "policy_version", "driver",
-                  "rootfs_digest", "created_at", "ready_at", "ended_at", "expires_at", "stream_url"]
+                  "rootfs_digest", "warm", "created_at", "ready_at", "ended_at", "expires_at", "stream_url"]
 
     def get_policy_version(self, session: Session) -> dict:
         version = session.policy_version

@@ -36,6 +36,7 @@ from sessions.runner.egress import SessionEgress
 from sessions.runner.outbox import Outbox
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import Chunk, Driver, ExitStatus, RuntimeUnavailable, Sandbox, SandboxError, Stats
+from sessions.runtimes.pool import WarmPool
 from sessions.workspace import WRITE_DEADLINE_S, WorkspaceError, checkout, file_get, file_put
 
 log = logging.getLogger("airlock.runner")
@@ -115,6 +116,8 @@ class RunnerService:
         self.last_reap = 0.0
         self._rates: dict[int, Rate] = {}  # of output, one per tenant
         self._rates_lock = threading.Lock()
+        self.pools: dict[str, WarmPool] = {}  # warm pools by driver (AIRLOCK_WARM_POOL)
+        self._pool_wanted: dict[str, asyncio.Event] = {}
 
     # -- life ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -126,12 +129,44 @@ class RunnerService:
         await housekeeping.reap(self)
         self._tasks = [asyncio.create_task(coro) for coro in (
             self._listen(), housekeeping.beat_forever(self), housekeeping.housekeep_forever(self),
-            self.outbox.send_forever())]
+            self.outbox.send_forever(), *await self._pools_start())]
         log.info("runner %s started (%s)", self.id, "embedded" if self.embedded else "separate")
         if settings.AIRLOCK_EGRESS_TEST_HOSTS:
             log.warning("AIRLOCK_EGRESS_TEST_HOSTS is set: sandboxes reach %s on loopback, past egress's deny set. "
                         "It is for tests and benchmarks only; never set it in production",
                         ", ".join(sorted(settings.AIRLOCK_EGRESS_TEST_HOSTS)))
+
+    async def _pools_start(self) -> list:
+        """A warm pool, and the task that fills it, per driver AIRLOCK_WARM_POOL names."""
+        fillers = []
+        for name, size in sorted(settings.AIRLOCK_WARM_POOL.items()):
+            driver = get_driver(name)
+            if size and driver.supports_pool:
+                self.pools[name] = WarmPool(driver, size, await self.db(records.pool_limits, driver=name))
+                self._pool_wanted[name] = asyncio.Event()
+                self.drivers.add(name)
+                fillers.append(self._fill_forever(name))
+        return fillers
+
+    def pool_status(self) -> dict:
+        return {name: pool.status() for name, pool in self.pools.items()}
+
+    async def _fill_forever(self, name: str) -> None:
+        pool, wanted, failures = self.pools[name], self._pool_wanted[name], 0
+        while True:
+            if not pool.wanted():
+                await wanted.wait()
+                wanted.clear()
+                continue
+            try:
+                await self.blocking(pool.fill_once)
+                failures = 0
+            except (RuntimeUnavailable, SandboxError) as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("runner %s: the warm pool of %s cannot start a sandbox (%s); retrying", self.id,
+                                name, exc)
+                await asyncio.sleep(min(60, 2 ** failures))
 
     async def register(self) -> None:
         await self.db(records.runner_register, runner_id=self.id, embedded=self.embedded, drivers=sorted(self.drivers))
@@ -142,6 +177,8 @@ class RunnerService:
         for session_id in list(self.live):
             await self.db(records.session_finish, session_id=session_id, state=SessionState.FAILED, reason=reason)
             await self.release(session_id)
+        for pool in self.pools.values():
+            await self.blocking(pool.drain)
         await self.db(records.runner_stopped, runner_id=self.id, reason=reason)
         for executor in (self.executor, self.db_executor, self.stats_executor):
             await asyncio.to_thread(close_connections_and_shutdown, executor)
@@ -210,7 +247,12 @@ class RunnerService:
             if egress is not None:
                 live.egress = SessionEgress(self, live, egress)
                 spec = dataclasses.replace(spec, egress_dir=await live.egress.start())
-            live.sandbox = await self.blocking(live.driver.create, spec)
+            pool = self.pools.get(driver_name)
+            if pool is not None:
+                live.sandbox = await self.blocking(pool.claim, spec)
+                self._pool_wanted[driver_name].set()
+            if live.sandbox is None:
+                live.sandbox = await self.blocking(live.driver.create, spec)
             if repository:
                 await self.blocking(checkout, live.driver, live.sandbox, repository)
             prepare_ms = round((time.perf_counter() - preparing) * 1000)
@@ -222,7 +264,7 @@ class RunnerService:
         released_meanwhile = live.releasing is not None or self.live.get(session_id) is not live
         if released_meanwhile or not await self.db(records.session_ready, session_id=session_id,
                                                    rootfs_digest=live.sandbox.rootfs_digest, prepare_ms=prepare_ms,
-                                                   cache_hit=live.sandbox.cache_hit):
+                                                   cache_hit=live.sandbox.cache_hit, warm=live.sandbox.warm):
             # Killed or ended while it was being created: a release that ran before the sandbox
             # existed could not destroy it, so it is destroyed here (after any release in flight).
             if live.releasing is not None:

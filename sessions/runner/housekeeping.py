@@ -14,6 +14,7 @@ from sessions.runner import records
 from sessions.runner.egress import egress_root, orphan_directories, remove_directory
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import RuntimeUnavailable
+from sessions.runtimes.pool import reap_pooled
 from sessions.runtimes.reaper import reap_orphans
 
 log = logging.getLogger("airlock.runner")
@@ -24,7 +25,7 @@ async def beat_forever(runner) -> None:
     while True:
         await asyncio.sleep(settings.AIRLOCK_RUNNER_HEARTBEAT_S)
         try:
-            alive = await runner.db(records.runner_heartbeat, runner_id=runner.id)
+            alive = await runner.db(records.runner_heartbeat, runner_id=runner.id, pools=runner.pool_status())
         except Exception:
             log.exception("runner %s could not beat", runner.id)
             continue
@@ -88,6 +89,9 @@ async def reap(runner) -> list[str]:
         orphans = await runner.db(records.orphans, present=present) - set(runner.live)
         if orphans:
             reaped += await runner.blocking(reap_orphans, driver, lambda _present, orphans=orphans: orphans)
+        if driver.supports_pool:  # pooled sandboxes of runners that died
+            kept = runner.pools[name].ids() if name in runner.pools else set()
+            reaped += await runner.blocking(reap_pooled, driver, kept)
     # Egress directories left by a runner that died (their proxies died with it).
     leftover = orphan_directories(set(runner.live))
     for session_id in await runner.db(records.orphans, present=leftover) if leftover else ():

@@ -13,6 +13,7 @@ from controlplane.models import Tenant
 from controlplane.redaction import configured_secrets
 from policies_app import decisions
 from policies_app.decisions import Evaluation
+from policies_app.document import Limits as document_limits
 from policies_app.models import Policy, PolicyException, PolicyVersion
 from sessions import lifecycle, services
 from sessions.models import ACTIVE_STATES, Runner, Session, SessionState
@@ -33,9 +34,10 @@ def runner_register(*, runner_id: str, embedded: bool, drivers: list[str]) -> No
     })
 
 
-def runner_heartbeat(*, runner_id: str) -> bool:
-    """False when this runner was declared dead meanwhile."""
-    return bool(Runner.objects.filter(pk=runner_id, stopped_at__isnull=True).update(heartbeat_at=timezone.now()))
+def runner_heartbeat(*, runner_id: str, pools: dict | None = None) -> bool:
+    """False when this runner was declared dead meanwhile. `pools`: its warm pools now."""
+    return bool(Runner.objects.filter(pk=runner_id, stopped_at__isnull=True).update(
+        heartbeat_at=timezone.now(), **({"pools": pools} if pools else {})))
 
 
 def runner_reaped(*, runner_id: str, count: int) -> None:
@@ -95,6 +97,21 @@ class EgressContext:
     ref: dict  # the version as a decision shows it: {policy, number, sha256}
 
 
+def sandbox_limits(limits) -> Limits:
+    """A policy document's limits, as a sandbox is made with them."""
+    return Limits(cpus=limits.cpus, memory_mb=limits.memory_mb, pids=limits.pids, disk_mb=limits.disk_mb,
+                  command_timeout_s=limits.command_timeout_s, max_output_bytes=limits.output_mb * 2**20)
+
+
+def pool_limits(*, driver: str) -> Limits:
+    """A warm pool's first profile: the limits of the newest session on its driver (the policies
+    in use), else those of a policy that sets none."""
+    newest = Session.objects.filter(driver=driver).select_related("policy_version").order_by("-created_at").first()
+    if newest is None:
+        return sandbox_limits(document_limits())
+    return sandbox_limits(decisions.compiled_version(newest.policy_version).document.limits)
+
+
 def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str, EgressContext | None] | None:
     """The sandbox a session asks for, its driver, its repository, and its egress (None when its
     policy allows none: then it gets no proxy, no socket, nothing but its own loopback)."""
@@ -110,11 +127,8 @@ def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str, EgressContext | 
         max_bytes=network.max_bytes, max_connections=network.max_connections, mode=document.mode,
         ref={"policy": version.policy.name, "number": version.number, "sha256": version.sha256},
     ) if network.egress == "allowlist" else None
-    limits = document.limits
     spec = SandboxSpec(
-        tenant=session.tenant.slug, session_id=str(session.pk),
-        limits=Limits(cpus=limits.cpus, memory_mb=limits.memory_mb, pids=limits.pids, disk_mb=limits.disk_mb,
-                      command_timeout_s=limits.command_timeout_s, max_output_bytes=limits.output_mb * 2**20),
+        tenant=session.tenant.slug, session_id=str(session.pk), limits=sandbox_limits(document.limits),
         env=dict(document.env.set), isolation="gvisor" if session.driver == "gvisor" else "standard",
     )
     return spec, session.driver, session.workspace_source, egress

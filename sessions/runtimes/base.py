@@ -71,6 +71,7 @@ class Sandbox:
     rootfs_digest: str
     handle: dict = field(default_factory=dict)  # driver-specific: paths, container id
     cache_hit: bool = True  # the root filesystem (or its image) was ready in the local cache
+    warm: bool = False  # claimed from a warm pool (pool.py), not started for its session
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,21 @@ class Driver(ABC):
 
     @abstractmethod
     def stats(self, sandbox: Sandbox) -> Stats: ...
+
+    # A driver whose sandboxes take long to start keeps a warm pool (pool.py) through these.
+    supports_pool = False
+
+    def prepare(self, limits: Limits) -> Sandbox:
+        """A started sandbox with these limits that belongs to nobody yet."""
+        raise NotImplementedError
+
+    def bind(self, sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:
+        """Make a prepared sandbox the one of `spec`'s session."""
+        raise NotImplementedError
+
+    def pooled(self) -> list[tuple[str, str, float]]:
+        """(id, state, age in seconds) of the prepared sandboxes of this driver on the host."""
+        return []
 
     def list_orphans(self, active_ids: set[str]) -> list[str]:
         return sorted(set(self.list_sandboxes()) - set(active_ids))

@@ -10,6 +10,7 @@ destroyed), both get CLOSED."""
 import contextlib
 import json
 import logging
+import marshal
 import queue
 import socket
 import struct
@@ -37,10 +38,11 @@ class SupervisorChannel:
         self._reader.start()
 
     def send(self, request: dict) -> None:
-        line = json.dumps(request, separators=(",", ":")).encode() + b"\n"
+        """A request, framed as the supervisor reads it (length, then marshal: it reads no json)."""
+        payload = marshal.dumps(request)
         with self._send_lock:
             try:
-                self.sock.sendall(line)
+                self.sock.sendall(struct.pack(">I", len(payload)) + payload)
             except OSError:
                 raise ChannelClosed("the sandbox's supervisor is gone") from None
 

@@ -1,19 +1,19 @@
 """The Docker driver (runc, or gVisor with `isolation: gvisor`), through the docker SDK.
 
 One container per session. The container has no network, a read-only root (the imported
-debootstrap tree), no-new-privileges, pids / memory / CPU limits, an init (docker-init) and
+debootstrap tree), no-new-privileges, pids / memory / CPU limits, and
 size-limited tmpfs mounts for /workspace and /tmp, the only writable places: no /dev/shm (IPC
 mode `none`) and a read-only /dev/mqueue.
 
-Its main process is Airlock's supervisor (supervisor.py), which runs every command: the runner
+Its main process, pid 1, is Airlock's supervisor (supervisor.py), which runs every command and
+collects every orphan (no docker-init: under gVisor one more process costs ~25 ms): the runner
 sends it requests and reads its frames over the container's attach stream (channel.py), so a
-command costs no `docker exec`. The supervisor runs as the container's root with four
-capabilities only (SETUID, SETGID and SETPCAP to drop a command to uid 65534 with an empty
-bounding set, KILL to end whatever the command left); each command runs as 65534 without any.
+command costs no `docker exec`. The supervisor runs as the container's root with three
+capabilities only (SETUID and SETGID to drop a command to uid 65534, KILL to end whatever the
+command left); each command runs as 65534 without any.
 It kills the command's whole tree on timeout, kill and output limit, and everything a command
 left behind after it ends, so nothing a command started outlives it."""
 
-import base64
 import contextlib
 import hashlib
 import itertools
@@ -22,8 +22,10 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import docker
@@ -38,6 +40,7 @@ from sessions.runtimes.base import (
     Chunk,
     Driver,
     ExitStatus,
+    Limits,
     RuntimeUnavailable,
     Sandbox,
     SandboxError,
@@ -45,6 +48,7 @@ from sessions.runtimes.base import (
     Stats,
     check_argv,
     egress_argv,
+    is_uuid,
     sandbox_env,
     workspace_cwd,
 )
@@ -54,6 +58,8 @@ log = logging.getLogger("airlock.runtimes")
 NOBODY = "65534:65534"
 LABEL_SESSION = "airlock.session"
 LABEL_DRIVER = "airlock.driver"
+LABEL_POOL = "airlock.pool"
+POOL_PREFIX = "airlock-pool-"
 GVISOR_RUNTIME = "runsc"
 RUNSC_FIX = (
     "register gVisor with Docker: apt-get install -y runsc, put "
@@ -61,7 +67,7 @@ RUNSC_FIX = (
     "in /etc/docker/daemon.json, then reload dockerd (kill -HUP $(pidof dockerd))"
 )
 SUPERVISOR = (Path(__file__).with_name("supervisor.py")).read_text()
-SUPERVISOR_CAPS = ["SETUID", "SETGID", "SETPCAP", "KILL"]
+SUPERVISOR_CAPS = ["SETUID", "SETGID", "KILL"]
 READY_S = 30  # for the supervisor's first frame (gVisor's start on a loaded host is slow)
 UNRESPONSIVE_S = 5  # past a command's deadline, a supervisor that has not ended it is given up on
 DRAIN_S = 10  # for a command whose consumer stopped reading to be killed and drained
@@ -75,6 +81,8 @@ class _Running:
 
 
 class DockerDriver(Driver):
+    supports_pool = True
+
     def __init__(self, *, isolation: str = "standard", base_url: str | None = None,
                  gvisor_runtime: str = GVISOR_RUNTIME):
         self.isolation = isolation
@@ -129,6 +137,43 @@ class DockerDriver(Driver):
         if spec.egress_dir and not self._host_uds:
             raise SandboxError("gVisor may not connect to the session's egress socket (runsc lacks --host-uds=open); "
                                + RUNSC_FIX)
+        return self._make(spec, name=f"airlock-{spec.session_id}",
+                          labels={LABEL_SESSION: spec.session_id, "airlock.tenant": spec.tenant})
+
+    def prepare(self, limits: Limits) -> Sandbox:
+        """A started sandbox for the warm pool (pool.py): nobody's yet, named airlock-pool-<id>."""
+        self.check()
+        pool_id = str(uuid.uuid4())
+        return self._make(SandboxSpec(tenant="", session_id=pool_id, limits=limits),
+                          name=f"{POOL_PREFIX}{pool_id}", labels={LABEL_SESSION: pool_id, LABEL_POOL: "1"})
+
+    def bind(self, sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:
+        """Make a pooled sandbox the session's: it takes the session's name (so it is listed,
+        reaped and destroyed as the session's), tenant and spec; its workspace and processes
+        are as the pool made them, untouched. The environment is bound per command."""
+        if spec.egress_dir is not None:
+            raise SandboxError("a pooled sandbox has no egress mount; a session with egress starts cold")
+        self._channel(sandbox)  # its supervisor still answers (else SandboxError: it died waiting)
+        try:
+            self.client.api.rename(sandbox.handle["container"], f"airlock-{spec.session_id}")
+        except (DockerException, RequestException) as exc:
+            raise SandboxError(f"docker could not claim the pooled sandbox: {exc}") from None
+        with self._lock:
+            channel = self._channels.pop(sandbox.id, None)
+            if channel is not None:
+                self._channels[spec.session_id] = channel
+        return Sandbox(id=spec.session_id, driver=self.name, spec=spec, rootfs_digest=sandbox.rootfs_digest,
+                       handle={**sandbox.handle, "tenant": spec.tenant}, cache_hit=True, warm=True)
+
+    def pooled(self) -> list[tuple[str, str, float]]:
+        """(id, state, seconds since creation) of every pooled sandbox of this driver on the host."""
+        found = []
+        for container in self._containers(pool=True):
+            created = container.attrs.get("Created", "")
+            found.append((container.name.removeprefix(POOL_PREFIX), container.status, _age_s(created)))
+        return found
+
+    def _make(self, spec: SandboxSpec, *, name: str, labels: dict) -> Sandbox:
         limits = spec.limits
         tmpfs_options = "uid=65534,gid=65534,nosuid,nodev,exec"
         pids_options = {"pids_limit": limits.pids}
@@ -144,7 +189,7 @@ class DockerDriver(Driver):
         try:
             api = self.client.api
             host_config = api.create_host_config(
-                init=True, network_mode="none", read_only=True, cap_drop=["ALL"], cap_add=SUPERVISOR_CAPS,
+                network_mode="none", read_only=True, cap_drop=["ALL"], cap_add=SUPERVISOR_CAPS,
                 security_opt=self._security_options(), ipc_mode="none",
                 **pids_options, mem_limit=limits.memory_mb * 2**20, memswap_limit=limits.memory_mb * 2**20,
                 nano_cpus=int(limits.cpus * 1e9),
@@ -159,15 +204,14 @@ class DockerDriver(Driver):
             # Attached stdin, closed when the runner's end closes (it died, or let go): that ends
             # the supervisor, and the sandbox with it.
             container = api.create_container(
-                rootfs.IMAGE, ["python3", "-I", "-S", "-c", SUPERVISOR], name=f"airlock-{spec.session_id}",
+                rootfs.IMAGE, ["python3", "-I", "-S", "-c", SUPERVISOR], name=name,
                 hostname="sandbox", user="0:0", working_dir="/", environment={}, stdin_open=True, detach=False,
-                labels={LABEL_SESSION: spec.session_id, LABEL_DRIVER: self.name, "airlock.tenant": spec.tenant,
-                        rootfs.DIGEST_LABEL: self.image_digest},
+                labels={**labels, LABEL_DRIVER: self.name, rootfs.DIGEST_LABEL: self.image_digest},
                 host_config=host_config,
             )
         except APIError as exc:
             if exc.status_code == 409:
-                raise SandboxError(f"sandbox {spec.session_id} already exists") from None
+                raise SandboxError(f"sandbox {name} already exists") from None
             raise SandboxError(f"docker could not create the sandbox: {exc.explanation}") from None
         except (DockerException, RequestException) as exc:  # the daemon went away after check()
             raise RuntimeUnavailable(_daemon_fix(exc)) from None
@@ -223,16 +267,20 @@ class DockerDriver(Driver):
             channel.close()
 
     def list_sandboxes(self) -> list[str]:
-        return sorted({c.labels.get(LABEL_SESSION, "") for c in self._containers()} - {""})
+        """Sessions' sandboxes, by their names (a pooled one takes its session's when claimed)."""
+        return sorted(name for name in (_session_of(c.name) for c in self._containers()) if name)
 
-    def _containers(self, sandbox_id: str | None = None) -> list:
-        filters = [f"{LABEL_DRIVER}={self.name}"]
-        if sandbox_id:
-            filters.append(f"{LABEL_SESSION}={sandbox_id}")
+    def _containers(self, sandbox_id: str | None = None, *, pool: bool = False) -> list:
+        filters = [f"{LABEL_DRIVER}={self.name}"] + ([LABEL_POOL] if pool else [])
         try:
-            return self.client.containers.list(all=True, filters={"label": filters})
+            found = self.client.containers.list(all=True, filters={"label": filters})
         except (DockerException, RequestException) as exc:
             raise RuntimeUnavailable(_daemon_fix(exc)) from None
+        if pool:
+            return [c for c in found if c.name.startswith(POOL_PREFIX)]
+        if sandbox_id:
+            return [c for c in found if c.name in {f"airlock-{sandbox_id}", f"{POOL_PREFIX}{sandbox_id}"}]
+        return found
 
     # -- commands --------------------------------------------------------------------------
     def exec(
@@ -256,7 +304,7 @@ class DockerDriver(Driver):
             channel.send({"op": "exec", "id": running.id, "argv": argv, "cwd": cwd,
                           "env": sandbox_env(sandbox.spec, env), "timeout_s": timeout_s,
                           "max_output": limits.max_output_bytes,
-                          "stdin": base64.b64encode(stdin).decode() if stdin is not None else None})
+                          "stdin": stdin})
         except ChannelClosed:
             with self._lock:
                 self._running.pop(sandbox.id, None)
@@ -351,6 +399,21 @@ class DockerDriver(Driver):
             return int(channel.ask({"op": "disk"}, STATS_S)["used"])
         except (ChannelClosed, KeyError, TypeError, ValueError):
             return None
+
+
+def _session_of(name: str) -> str | None:
+    """The session id in a sandbox container's name, airlock-<uuid>; None for a pooled one."""
+    rest = name.removeprefix("airlock-")
+    return rest if rest != name and is_uuid(rest) else None
+
+
+def _age_s(created: str) -> float:
+    """Seconds since Docker's `Created` (RFC 3339 with nanoseconds)."""
+    try:
+        stamp = datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return 0.0
+    return (datetime.now(UTC) - stamp).total_seconds()
 
 
 def _daemon_fix(exc: Exception) -> str:

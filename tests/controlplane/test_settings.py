@@ -77,6 +77,12 @@ def refused(env: dict, explanation: str, name: str):
                 "AIRLOCK_REDACT_VALUES holds a value shorter than 6 characters", "redact-value-too-short"),
         refused({"AIRLOCK_METRICS_TOKEN": "t" * 23}, "AIRLOCK_METRICS_TOKEN is shorter than 24 characters",
                 "metrics-token-short"),
+        refused({"AIRLOCK_WARM_POOL": "bubblewrap:2"},
+                "AIRLOCK_WARM_POOL='bubblewrap:2': 'bubblewrap' is not a driver with a pool (use docker, gvisor)",
+                "warm-pool-driver"),
+        refused({"AIRLOCK_WARM_POOL": "docker:many"}, "AIRLOCK_WARM_POOL='docker:many': 'many' is not a pool size",
+                "warm-pool-size"),
+        refused({"AIRLOCK_WARM_POOL": "docker:4,gvisor:65"}, "a pool holds 0 to 64 sandboxes", "warm-pool-too-big"),
     ],
 )
 def test_a_bad_environment_stops_manage_py_with_one_line(env, explanation):
@@ -96,7 +102,8 @@ def test_a_bad_environment_stops_the_asgi_server_with_one_line():
 
 
 def test_a_good_environment_starts(tmp_path):
-    result = start({"SECRET_KEY": GOOD_KEY, "AIRLOCK_DATA_DIR": str(tmp_path)}, "manage.py", "check", "--deploy")
+    result = start({"SECRET_KEY": GOOD_KEY, "AIRLOCK_DATA_DIR": str(tmp_path),
+                    "AIRLOCK_WARM_POOL": " docker:4, gvisor:2 "}, "manage.py", "check", "--deploy")
     assert result.returncode == 0, result.stderr
 
 

@@ -15,11 +15,11 @@ TOKEN = "m" * 32
 
 
 def add_session(tenant, version, *, ago, start_ms=None, prepare_ms=None, cache_hit=None, cpu_s=None,
-                disk_mb=0, minutes=10, state="ended"):
+                disk_mb=0, minutes=10, state="ended", driver="bubblewrap", warm=None):
     created = timezone.now() - ago
     ready = created + timedelta(milliseconds=start_ms) if start_ms is not None else None
     return Session.objects.create(
-        tenant=tenant, conversation_id="conv", policy_version=version, driver="bubblewrap", state=state,
+        tenant=tenant, conversation_id="conv", policy_version=version, driver=driver, state=state, warm=warm,
         token_hash=hash_token(new_token()), created_by="test", created_at=created, ready_at=ready,
         ended_at=(ready or created) + timedelta(minutes=minutes), expires_at=created + timedelta(hours=1),
         prepare_ms=prepare_ms, cache_hit=cache_hit, cpu_s=cpu_s, disk_bytes=disk_mb * 2**20)
@@ -110,6 +110,37 @@ def test_prometheus_metrics_need_a_token_and_a_key_reads_only_its_tenant(acme, g
     own = api(make_key(acme, scopes=[ApiKeyScope.METRICS]).key).get("/metrics").content.decode()
     assert 'tenant="acme"' in own and "globex" not in own and "reaped" not in own
     assert 'airlock_rootfs_cache_hit_ratio{tenant="acme"} 0.6666' in own
+
+
+def test_warm_pool_figures_split_starts_warm_and_cold_and_count_hits_on_pooling_drivers(acme, settings, api,
+                                                                                         client_for, bob):
+    """acme: 3 Docker sessions from the pool (start 20 / 30 / 40 ms), 1 gVisor one cold (600 ms),
+    and bubblewrap ones, which have no pool and count for neither. Two live runners keep pools;
+    a stopped one's do not count."""
+    settings.AIRLOCK_METRICS_TOKEN = TOKEN
+    version = publish(acme, "commands: []\n")
+    for start_ms in (20, 30, 40):
+        add_session(acme, version, ago=timedelta(hours=1), start_ms=start_ms, driver="docker", warm=True)
+    add_session(acme, version, ago=timedelta(hours=1), start_ms=600, driver="gvisor", warm=False)
+    add_session(acme, version, ago=timedelta(hours=1), start_ms=5, driver="bubblewrap", warm=False)
+    add_session(acme, version, ago=timedelta(hours=1), driver="docker", state="failed")  # never ready
+    Runner.objects.create(id="r1", hostname="h", pid=1, pools={"docker": {"size": 4, "ready": 3}})
+    Runner.objects.create(id="r2", hostname="h", pid=2, pools={"docker": {"size": 4, "ready": 4},
+                                                             "gvisor": {"size": 2, "ready": 0}})
+    Runner.objects.create(id="r3", hostname="h", pid=3, pools={"docker": {"size": 9, "ready": 9}},
+                          stopped_at=timezone.now())
+    now = timezone.now()
+    m = tenant_metrics(acme, now - timedelta(hours=24), now)
+    assert (m.warm_hits, m.warm_lookups, m.warm_hit_rate) == (3, 4, 0.75)
+    assert m.start_warm_ms == {"p50": 30, "p95": 40} and m.start_cold_ms == {"p50": 600, "p95": 600}
+    html = client_for(bob).get("/t/acme/metrics/").content.decode()
+    assert "75.0 %" in html and "docker 7/8, gvisor 0/2" in html and "30 / 40 · 600 / 600 ms" in html
+    text = api(TOKEN).get("/metrics").content.decode()
+    assert 'airlock_warm_pool_hit_ratio{tenant="acme"} 0.75' in text
+    assert 'airlock_session_start_by_pool_seconds{quantile="0.95",start="warm",tenant="acme"} 0.04' in text
+    assert 'airlock_session_start_by_pool_seconds{quantile="0.5",start="cold",tenant="acme"} 0.6' in text
+    assert 'airlock_warm_pool_size{driver="docker"} 8.0' in text
+    assert 'airlock_warm_pool_ready{driver="docker"} 7.0' in text
 
 
 def test_without_a_configured_token_only_a_metrics_key_is_let_in(acme, fleet, settings, api, make_key):

@@ -1,0 +1,145 @@
+"""Warm pools (docs/architecture.md, "Warm pools"): sandboxes started ahead of their sessions.
+
+A pool keeps `size` started sandboxes of one driver and one profile (the limits a container is
+made with: CPUs, memory, pids, workspace and /tmp sizes; the driver's image is fixed while it
+runs). They hold no tenant data: no command has run in them, their workspace is empty, and the
+environment is bound per command. A claim hands one to exactly one session, which destroys it at
+its end: a pooled sandbox is never reused. The runner refills the pool in the background.
+
+A claim misses, and the session starts cold, when the pool is empty, when the session's limits
+are not the pool's profile (the pool then drains and refills with the new profile: the policies
+in use changed), or when the session has egress (its proxy's directory is mounted when a
+container is made). A miss is never an error."""
+
+import logging
+import threading
+from dataclasses import astuple, dataclass
+
+from sessions.runtimes.base import Driver, Limits, Sandbox, SandboxError, SandboxSpec
+
+log = logging.getLogger("airlock.runtimes")
+
+
+@dataclass(frozen=True)
+class Profile:
+    cpus: float
+    memory_mb: int
+    pids: int
+    disk_mb: int
+    tmp_mb: int
+
+    @classmethod
+    def of(cls, limits: Limits) -> "Profile":
+        return cls(limits.cpus, limits.memory_mb, limits.pids, limits.disk_mb, limits.tmp_mb)
+
+    def label(self) -> str:
+        return "/".join(str(value) for value in astuple(self))
+
+
+class WarmPool:
+    def __init__(self, driver: Driver, size: int, limits: Limits):
+        self.driver, self.size = driver, size
+        self.limits = limits
+        self.ready: list[Sandbox] = []
+        self.hits = self.misses = 0
+        self._drained: list[Sandbox] = []  # of an earlier profile, for the filler to destroy
+        self._lock = threading.Lock()
+
+    @property
+    def profile(self) -> Profile:
+        return Profile.of(self.limits)
+
+    def ids(self) -> set[str]:
+        with self._lock:
+            return {sandbox.id for sandbox in self.ready + self._drained}
+
+    def claim(self, spec: SandboxSpec) -> Sandbox | None:
+        """The session's sandbox from the pool, bound to it; None on a miss (then start cold).
+        A pooled sandbox that died while it waited is destroyed, and the next one tried."""
+        while True:
+            sandbox = self._take(spec)
+            if sandbox is None:
+                with self._lock:
+                    self.misses += 1
+                return None
+            try:
+                bound = self.driver.bind(sandbox, spec)
+            except SandboxError as exc:
+                log.warning("warm pool of %s: sandbox %s could not be claimed (%s)", self.driver.name, sandbox.id, exc)
+                self._destroy(sandbox)
+                continue
+            with self._lock:
+                self.hits += 1
+            return bound
+
+    def _take(self, spec: SandboxSpec) -> Sandbox | None:
+        with self._lock:
+            if spec.egress_dir is not None:
+                return None
+            if Profile.of(spec.limits) != self.profile:
+                log.info("warm pool of %s: sessions now ask for %s, not %s; draining and refilling",
+                         self.driver.name, Profile.of(spec.limits).label(), self.profile.label())
+                self._drained += self.ready
+                self.ready = []
+                self.limits = spec.limits
+                return None
+            return self.ready.pop(0) if self.ready else None
+
+    def status(self) -> dict:
+        with self._lock:
+            return {"size": self.size, "ready": len(self.ready), "profile": self.profile.label(),
+                    "hits": self.hits, "misses": self.misses}
+
+    def wanted(self) -> int:
+        with self._lock:
+            return max(0, self.size - len(self.ready)) + len(self._drained)
+
+    def fill_once(self) -> None:
+        """In a thread: destroy drained sandboxes, then start one if the pool is short."""
+        with self._lock:
+            drained, self._drained = self._drained, []
+            short = len(self.ready) < self.size
+            limits = self.limits
+        for sandbox in drained:
+            self._destroy(sandbox)
+        if not short:
+            return
+        sandbox = self.driver.prepare(limits)
+        with self._lock:
+            if limits == self.limits and len(self.ready) < self.size:
+                self.ready.append(sandbox)
+                return
+        self._destroy(sandbox)  # the profile changed while it started
+
+    def drain(self) -> None:
+        """Destroy every sandbox the pool holds (the runner stops)."""
+        with self._lock:
+            sandboxes, self.ready, self._drained = self.ready + self._drained, [], []
+        for sandbox in sandboxes:
+            self._destroy(sandbox)
+
+    def _destroy(self, sandbox: Sandbox) -> None:
+        try:
+            self.driver.destroy(sandbox)
+        except Exception:  # the runner's reaper removes what is left
+            log.exception("warm pool of %s: could not destroy %s", self.driver.name, sandbox.id)
+
+
+def reap_pooled(driver: Driver, kept: set[str], *, created_grace_s: float = 120) -> list[str]:
+    """Destroy pooled sandboxes on this host that no live pool holds and that can serve nobody:
+    stopped (their runner died, which closed their supervisor's stdin) or never started. A
+    running one belongs to another runner's pool and is left alone."""
+    reaped = []
+    for sandbox_id, state, age_s in driver.pooled():
+        if sandbox_id in kept:
+            continue
+        if state in {"exited", "dead"} or (state == "created" and age_s > created_grace_s):
+            try:
+                driver.destroy_by_id(sandbox_id)
+            except Exception:
+                log.exception("could not reap pooled %s sandbox %s", driver.name, sandbox_id)
+                continue
+            reaped.append(sandbox_id)
+    if reaped:
+        log.info("reaped %d pooled %s sandbox(es) of runners that died", len(reaped), driver.name)
+    return reaped
