@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -32,7 +33,7 @@ from sessions.models import SessionState, runner_channel
 from sessions.output import CommandOutput
 from sessions.rate import Rate
 from sessions.runner import housekeeping, local_runner, records, set_local_runner
-from sessions.runner.egress import SessionEgress
+from sessions.runner.egress import PoolSlots, SessionEgress
 from sessions.runner.outbox import Outbox
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import Chunk, Driver, ExitStatus, RuntimeUnavailable, Sandbox, SandboxError, Stats
@@ -142,7 +143,8 @@ class RunnerService:
         for name, size in sorted(settings.AIRLOCK_WARM_POOL.items()):
             driver = get_driver(name)
             if size and driver.supports_pool:
-                self.pools[name] = WarmPool(driver, size, await self.db(records.pool_limits, driver=name))
+                self.pools[name] = WarmPool(driver, size, await self.db(records.pool_limits, driver=name),
+                                            slots=PoolSlots())
                 self._pool_wanted[name] = asyncio.Event()
                 self.drivers.add(name)
                 fillers.append(self._fill_forever(name))
@@ -244,13 +246,18 @@ class RunnerService:
             live.driver = get_driver(driver_name)
             self.drivers.add(driver_name)
             preparing = time.perf_counter()
-            if egress is not None:
-                live.egress = SessionEgress(self, live, egress)
-                spec = dataclasses.replace(spec, egress_dir=await live.egress.start())
             pool = self.pools.get(driver_name)
             if pool is not None:
-                live.sandbox = await self.blocking(pool.claim, spec)
+                live.sandbox = await self.blocking(partial(pool.claim, spec, egress=egress is not None))
                 self._pool_wanted[driver_name].set()
+            if egress is not None:  # its proxy, in the directory the sandbox mounts (or will)
+                pooled = live.sandbox is not None
+                if pooled:
+                    await self.blocking(PoolSlots().adopt, live.sandbox.handle.pop("pool_id"), session_id)
+                live.egress = SessionEgress(self, live, egress, adopted=pooled)
+                spec = dataclasses.replace(spec, egress_dir=await live.egress.start())
+                if pooled:
+                    live.sandbox.spec = spec
             if live.sandbox is None:
                 live.sandbox = await self.blocking(live.driver.create, spec)
             if repository:

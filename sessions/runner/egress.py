@@ -74,9 +74,12 @@ def control_plane_names() -> set[str]:
 class SessionEgress:
     """One session's proxy, the directory its sandbox mounts, and its decisions."""
 
-    def __init__(self, runner, live, context: records.EgressContext):
+    def __init__(self, runner, live, context: records.EgressContext, *, adopted: bool = False):
+        """`adopted`: the session's directory exists already, the one its pooled sandbox mounts
+        (PoolSlots.adopt)."""
         self.runner, self.live, self.context = runner, live, context
         self.directory = egress_root() / context.session_id
+        self._adopted = adopted
         self.proxy = EgressProxy(
             path=str(self.directory / EGRESS_SOCKET), judge=self,
             resolver=Resolver(test_hosts=dict(settings.AIRLOCK_EGRESS_TEST_HOSTS)),
@@ -97,10 +100,8 @@ class SessionEgress:
         if len(self.proxy.path) > SOCKET_PATH_MAX:
             raise OSError(f"the egress socket path {self.proxy.path} is longer than a Unix socket allows "
                           f"({SOCKET_PATH_MAX} bytes); set AIRLOCK_SANDBOX_DIR to a shorter path")
-        root = egress_root()
-        root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        os.chmod(root, 0o711)  # noqa: S103 - sandboxes (uid 65534) traverse it to their own directory only
-        self.directory.mkdir(mode=0o755)
+        ensure_egress_root()
+        self.directory.mkdir(mode=0o755, exist_ok=self._adopted)
         shutil.copyfile(forward.__file__, self.directory / EGRESS_FORWARDER)
         os.chmod(self.directory / EGRESS_FORWARDER, 0o444)
         # Only this sandbox mounts the directory, and only the sandbox's uid (and root) may connect.
@@ -224,6 +225,55 @@ class TokenBucket:
             return False
         self.tokens -= 1
         return True
+
+
+def ensure_egress_root() -> Path:
+    root = egress_root()
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    os.chmod(root, 0o711)  # noqa: S103 - sandboxes (uid 65534) traverse it to their own directory only
+    return root
+
+
+POOL_SLOT = "pool-"
+
+
+SLOT_GRACE_S = 120  # a pooled sandbox's directory is made a moment before its container
+
+
+class PoolSlots:
+    """Egress directories of pooled sandboxes (sessions/runtimes/pool.py), `pool-<id>`: each is
+    made empty and mounted when its sandbox starts. A session with egress that claims the sandbox
+    adopts it: renamed to the session's own directory (the mount follows the directory, not its
+    name), its proxy's socket and the forwarder go there, and from then on it is that session's
+    like any other. One without egress has it removed: nothing can appear in its mount."""
+
+    def make(self, pool_id: str) -> str:
+        directory = ensure_egress_root() / f"{POOL_SLOT}{pool_id}"
+        directory.mkdir(mode=0o755)
+        return str(directory)
+
+    def remove(self, pool_id: str) -> None:
+        remove_directory(egress_root() / f"{POOL_SLOT}{pool_id}")
+
+    def adopt(self, pool_id: str, session_id: str) -> None:
+        if not is_uuid(pool_id) or not is_uuid(session_id):
+            raise OSError(f"not a pooled sandbox and a session: {pool_id!r}, {session_id!r}")
+        os.rename(egress_root() / f"{POOL_SLOT}{pool_id}", egress_root() / session_id)
+
+
+def orphan_slots(kept: set[str]) -> list[str]:
+    """Pool ids with a directory here that is not in `kept` and older than SLOT_GRACE_S."""
+    root = egress_root()
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        pool_id = child.name.removeprefix(POOL_SLOT)
+        if child.name.startswith(POOL_SLOT) and pool_id not in kept:
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - child.stat().st_mtime > SLOT_GRACE_S:
+                    found.append(pool_id)
+    return sorted(found)
 
 
 def remove_directory(directory: Path) -> None:

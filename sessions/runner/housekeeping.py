@@ -11,7 +11,7 @@ import time
 from django.conf import settings
 
 from sessions.runner import records
-from sessions.runner.egress import egress_root, orphan_directories, remove_directory
+from sessions.runner.egress import PoolSlots, egress_root, orphan_directories, orphan_slots, remove_directory
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import RuntimeUnavailable
 from sessions.runtimes.pool import reap_pooled
@@ -92,10 +92,19 @@ async def reap(runner) -> list[str]:
         if driver.supports_pool:  # pooled sandboxes of runners that died
             kept = runner.pools[name].ids() if name in runner.pools else set()
             reaped += await runner.blocking(reap_pooled, driver, kept)
-    # Egress directories left by a runner that died (their proxies died with it).
+    # Egress directories left by a runner that died (their proxies died with it), and those of
+    # pooled sandboxes that are gone (a live session's proxy may be in its claimed one's).
     leftover = orphan_directories(set(runner.live))
     for session_id in await runner.db(records.orphans, present=leftover) if leftover else ():
         await runner.blocking(remove_directory, egress_root() / session_id)
+    kept = {sandbox_id for pool in runner.pools.values() for sandbox_id in pool.ids()}
+    for name in sorted(runner.drivers | REAPED_DRIVERS):
+        try:
+            kept |= {sandbox_id for sandbox_id, _, _ in await runner.blocking(get_driver(name).pooled)}
+        except RuntimeUnavailable:
+            continue
+    for pool_id in orphan_slots(kept):
+        await runner.blocking(PoolSlots().remove, pool_id)
     if reaped:
         await runner.db(records.runner_reaped, runner_id=runner.id, count=len(reaped))
     return reaped

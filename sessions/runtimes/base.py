@@ -187,8 +187,9 @@ class Driver(ABC):
     # A driver whose sandboxes take long to start keeps a warm pool (pool.py) through these.
     supports_pool = False
 
-    def prepare(self, limits: Limits) -> Sandbox:
-        """A started sandbox with these limits that belongs to nobody yet."""
+    def prepare(self, limits: Limits, *, pool_id: str, egress_dir: str | None = None) -> Sandbox:
+        """A started sandbox with these limits that belongs to nobody yet, known as `pool_id`;
+        `egress_dir`, an empty directory it mounts at EGRESS_MOUNT for its session's proxy."""
         raise NotImplementedError
 
     def bind(self, sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:

@@ -22,7 +22,6 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -140,19 +139,21 @@ class DockerDriver(Driver):
         return self._make(spec, name=f"airlock-{spec.session_id}",
                           labels={LABEL_SESSION: spec.session_id, "airlock.tenant": spec.tenant})
 
-    def prepare(self, limits: Limits) -> Sandbox:
-        """A started sandbox for the warm pool (pool.py): nobody's yet, named airlock-pool-<id>."""
+    def prepare(self, limits: Limits, *, pool_id: str, egress_dir: str | None = None) -> Sandbox:
+        """A started sandbox for the warm pool (pool.py): nobody's yet, named airlock-pool-<id>.
+        Its egress directory is mounted empty only where the session's proxy can be reached."""
         self.check()
-        pool_id = str(uuid.uuid4())
-        return self._make(SandboxSpec(tenant="", session_id=pool_id, limits=limits),
-                          name=f"{POOL_PREFIX}{pool_id}", labels={LABEL_SESSION: pool_id, LABEL_POOL: "1"})
+        egress_dir = egress_dir if self._host_uds else None
+        sandbox = self._make(SandboxSpec(tenant="", session_id=pool_id, limits=limits, egress_dir=egress_dir),
+                             name=f"{POOL_PREFIX}{pool_id}", labels={LABEL_SESSION: pool_id, LABEL_POOL: "1"})
+        if egress_dir is not None:
+            sandbox.handle["egress_dir"] = egress_dir
+        return sandbox
 
     def bind(self, sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:
         """Make a pooled sandbox the session's: it takes the session's name (so it is listed,
         reaped and destroyed as the session's), tenant and spec; its workspace and processes
         are as the pool made them, untouched. The environment is bound per command."""
-        if spec.egress_dir is not None:
-            raise SandboxError("a pooled sandbox has no egress mount; a session with egress starts cold")
         self._channel(sandbox)  # its supervisor still answers (else SandboxError: it died waiting)
         try:
             self.client.api.rename(sandbox.handle["container"], f"airlock-{spec.session_id}")
@@ -163,7 +164,8 @@ class DockerDriver(Driver):
             if channel is not None:
                 self._channels[spec.session_id] = channel
         return Sandbox(id=spec.session_id, driver=self.name, spec=spec, rootfs_digest=sandbox.rootfs_digest,
-                       handle={**sandbox.handle, "tenant": spec.tenant}, cache_hit=True, warm=True)
+                       handle={**sandbox.handle, "tenant": spec.tenant, "pool_id": sandbox.id}, cache_hit=True,
+                       warm=True)
 
     def pooled(self) -> list[tuple[str, str, float]]:
         """(id, state, seconds since creation) of every pooled sandbox of this driver on the host."""

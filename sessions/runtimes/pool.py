@@ -6,14 +6,17 @@ runs). They hold no tenant data: no command has run in them, their workspace is 
 environment is bound per command. A claim hands one to exactly one session, which destroys it at
 its end: a pooled sandbox is never reused. The runner refills the pool in the background.
 
-A claim misses, and the session starts cold, when the pool is empty, when the session's limits
-are not the pool's profile (the pool then drains and refills with the new profile: the policies
-in use changed), or when the session has egress (its proxy's directory is mounted when a
-container is made). A miss is never an error."""
+Each pooled sandbox mounts an empty egress directory of its own (`slots`, made by the runner):
+a session with egress that claims it has its proxy put there. A claim misses, and the session
+starts cold, when the pool is empty, when the session's limits are not the pool's profile (the
+pool then drains and refills with the new profile: the policies in use changed), or when the
+session has egress and the pool has no slots. A miss is never an error."""
 
 import logging
 import threading
+import uuid
 from dataclasses import astuple, dataclass
+from typing import Protocol
 
 from sessions.runtimes.base import Driver, Limits, Sandbox, SandboxError, SandboxSpec
 
@@ -36,13 +39,20 @@ class Profile:
         return "/".join(str(value) for value in astuple(self))
 
 
+class Slots(Protocol):
+    def make(self, pool_id: str) -> str: ...  # an empty directory for a pooled sandbox to mount
+
+    def remove(self, pool_id: str) -> None: ...
+
+
 class WarmPool:
-    def __init__(self, driver: Driver, size: int, limits: Limits):
-        self.driver, self.size = driver, size
+    def __init__(self, driver: Driver, size: int, limits: Limits, slots: Slots | None = None):
+        self.driver, self.size, self.slots = driver, size, slots
         self.limits = limits
         self.ready: list[Sandbox] = []
         self.hits = self.misses = 0
         self._drained: list[Sandbox] = []  # of an earlier profile, for the filler to destroy
+        self._closed = False  # drained for good: the runner stops
         self._lock = threading.Lock()
 
     @property
@@ -53,11 +63,13 @@ class WarmPool:
         with self._lock:
             return {sandbox.id for sandbox in self.ready + self._drained}
 
-    def claim(self, spec: SandboxSpec) -> Sandbox | None:
+    def claim(self, spec: SandboxSpec, *, egress: bool = False) -> Sandbox | None:
         """The session's sandbox from the pool, bound to it; None on a miss (then start cold).
-        A pooled sandbox that died while it waited is destroyed, and the next one tried."""
+        With `egress`, the sandbox mounts a directory for the session's proxy (the runner adopts
+        it: PoolSlots); without, that directory is removed. A pooled sandbox that died while it waited is
+        destroyed, and the next one tried."""
         while True:
-            sandbox = self._take(spec)
+            sandbox = self._take(spec, egress)
             if sandbox is None:
                 with self._lock:
                     self.misses += 1
@@ -68,13 +80,17 @@ class WarmPool:
                 log.warning("warm pool of %s: sandbox %s could not be claimed (%s)", self.driver.name, sandbox.id, exc)
                 self._destroy(sandbox)
                 continue
+            if not egress and self.slots is not None:
+                self.slots.remove(sandbox.id)  # nothing can appear in its mount any more
+                bound.handle.pop("egress_dir", None)
+                bound.handle.pop("pool_id", None)
             with self._lock:
                 self.hits += 1
             return bound
 
-    def _take(self, spec: SandboxSpec) -> Sandbox | None:
+    def _take(self, spec: SandboxSpec, egress: bool) -> Sandbox | None:
         with self._lock:
-            if spec.egress_dir is not None:
+            if spec.egress_dir is not None or self._closed:
                 return None
             if Profile.of(spec.limits) != self.profile:
                 log.info("warm pool of %s: sessions now ask for %s, not %s; draining and refilling",
@@ -83,7 +99,10 @@ class WarmPool:
                 self.ready = []
                 self.limits = spec.limits
                 return None
-            return self.ready.pop(0) if self.ready else None
+            for index, sandbox in enumerate(self.ready):
+                if not egress or "egress_dir" in sandbox.handle:  # it mounts a directory for the proxy
+                    return self.ready.pop(index)
+            return None
 
     def status(self) -> dict:
         with self._lock:
@@ -104,16 +123,24 @@ class WarmPool:
             self._destroy(sandbox)
         if not short:
             return
-        sandbox = self.driver.prepare(limits)
+        pool_id = str(uuid.uuid4())
+        egress_dir = self.slots.make(pool_id) if self.slots is not None else None
+        try:
+            sandbox = self.driver.prepare(limits, pool_id=pool_id, egress_dir=egress_dir)
+        except BaseException:
+            if self.slots is not None:
+                self.slots.remove(pool_id)
+            raise
         with self._lock:
-            if limits == self.limits and len(self.ready) < self.size:
+            if not self._closed and limits == self.limits and len(self.ready) < self.size:
                 self.ready.append(sandbox)
                 return
-        self._destroy(sandbox)  # the profile changed while it started
+        self._destroy(sandbox)  # the profile changed, or the pool closed, while it started
 
     def drain(self) -> None:
-        """Destroy every sandbox the pool holds (the runner stops)."""
+        """Destroy every sandbox the pool holds, and any it is starting (the runner stops)."""
         with self._lock:
+            self._closed = True
             sandboxes, self.ready, self._drained = self.ready + self._drained, [], []
         for sandbox in sandboxes:
             self._destroy(sandbox)
@@ -121,6 +148,8 @@ class WarmPool:
     def _destroy(self, sandbox: Sandbox) -> None:
         try:
             self.driver.destroy(sandbox)
+            if self.slots is not None:
+                self.slots.remove(sandbox.id)
         except Exception:  # the runner's reaper removes what is left
             log.exception("warm pool of %s: could not destroy %s", self.driver.name, sandbox.id)
 

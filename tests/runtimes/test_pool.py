@@ -95,7 +95,7 @@ def test_a_pooled_sandbox_holds_nothing_of_an_earlier_session(pooling, pool):
 def test_a_session_the_pool_cannot_serve_starts_cold_and_the_pool_follows_the_limits_in_use(pooling, pool):
     fill(pool)
     old = {sandbox.id for sandbox in pool.ready}
-    assert pool.claim(spec(egress_dir="/run/airlock-egress/x")) is None  # its proxy's mount: cold
+    assert pool.claim(spec(), egress=True) is None  # a pool without slots has no mount for a proxy: cold
     assert {sandbox.id for sandbox in pool.ready} == old
     bigger = dataclasses.replace(LIMITS, memory_mb=768)
     assert pool.claim(spec(limits=bigger)) is None  # another profile: cold, and the pool drains
@@ -164,3 +164,23 @@ def test_a_pooled_sandbox_that_died_while_it_waited_is_passed_over(pooling, pool
         assert dead.id not in {i for i, _, _ in pooling.pooled()}  # destroyed, not left waiting
     finally:
         pooling.destroy(claimed)
+
+
+def test_a_sandbox_that_starts_while_the_pool_is_drained_is_destroyed_not_kept(pooling):
+    """The runner stops (drain) while its filler still starts a sandbox in a thread."""
+    pool = WarmPool(pooling, 1, LIMITS)
+    before = {i for i, _, _ in pooling.pooled()}
+    prepare = pooling.prepare
+
+    def prepare_then_drain(limits, **options):
+        sandbox = prepare(limits, **options)
+        pool.drain()
+        return sandbox
+
+    pooling.prepare = prepare_then_drain
+    try:
+        pool.fill_once()
+    finally:
+        del pooling.prepare
+    assert pool.ready == [] and pool.claim(spec()) is None
+    assert {i for i, _, _ in pooling.pooled()} <= before
