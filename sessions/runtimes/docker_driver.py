@@ -77,6 +77,7 @@ STATS_S = 2
 class _Running:
     id: int
     reason: str | None = None  # set here only when the supervisor stopped answering
+    gave_up_at: float = 0.0
 
 
 class DockerDriver(Driver):
@@ -153,7 +154,8 @@ class DockerDriver(Driver):
     def bind(self, sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:
         """Make a pooled sandbox the session's: it takes the session's name (so it is listed,
         reaped and destroyed as the session's), tenant and spec; its workspace and processes
-        are as the pool made them, untouched. The environment is bound per command."""
+        are as the pool made them, untouched. The environment is bound per command. (Its labels
+        stay the pool's: Docker cannot change them; names are what lists and reaps go by.)"""
         self._channel(sandbox)  # its supervisor still answers (else SandboxError: it died waiting)
         try:
             self.client.api.rename(sandbox.handle["container"], f"airlock-{spec.session_id}")
@@ -316,7 +318,15 @@ class DockerDriver(Driver):
         ended, output_bytes = None, 0
         try:
             while ended is None:
-                kind, payload = channel.events.get()
+                try:
+                    kind, payload = channel.events.get(timeout=1)
+                except queue.Empty:
+                    # The stream ended (its end-marker could not be queued), or the backstop gave
+                    # up on a supervisor and even killing the container failed: stop waiting.
+                    abandoned = running.gave_up_at and time.monotonic() - running.gave_up_at > DRAIN_S
+                    if channel.closed.is_set() or abandoned:
+                        break
+                    continue
                 if (kind, payload) == CLOSED:
                     break
                 if kind == b"x":
@@ -363,7 +373,7 @@ class DockerDriver(Driver):
     def _give_up(self, sandbox: Sandbox, running: _Running) -> None:
         """The supervisor let a command run past its deadline: the sandbox stops (the stream
         ends, and the command with it)."""
-        running.reason = "timeout"
+        running.reason, running.gave_up_at = "timeout", time.monotonic()
         with contextlib.suppress(DockerException, RequestException):
             self.client.api.kill(sandbox.handle["container"])
 

@@ -8,9 +8,10 @@ its end: a pooled sandbox is never reused. The runner refills the pool in the ba
 
 Each pooled sandbox mounts an empty egress directory of its own (`slots`, made by the runner):
 a session with egress that claims it has its proxy put there. A claim misses, and the session
-starts cold, when the pool is empty, when the session's limits are not the pool's profile (the
-pool then drains and refills with the new profile: the policies in use changed), or when the
-session has egress and the pool has no slots. A miss is never an error."""
+starts cold, when the pool is empty, when the session's limits are not the pool's profile (after
+RETARGET_AFTER such sessions in a row the pool drains and refills with theirs: the policies in
+use changed), or when the session has egress and the pool has no slots. A miss is never an
+error."""
 
 import logging
 import threading
@@ -21,6 +22,7 @@ from typing import Protocol
 from sessions.runtimes.base import Driver, Limits, Sandbox, SandboxError, SandboxSpec
 
 log = logging.getLogger("airlock.runtimes")
+RETARGET_AFTER = 3  # sessions in a row asking for other limits before the pool follows them
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class WarmPool:
         self.hits = self.misses = 0
         self._drained: list[Sandbox] = []  # of an earlier profile, for the filler to destroy
         self._closed = False  # drained for good: the runner stops
+        self._asked: tuple[Profile | None, int] = (None, 0)  # another profile, asked for n times in a row
+        self._good: Limits | None = None  # the last limits a sandbox started with
+        self._failed: set[Profile] = set()  # profiles no sandbox could start with here
         self._lock = threading.Lock()
 
     @property
@@ -66,8 +71,8 @@ class WarmPool:
     def claim(self, spec: SandboxSpec, *, egress: bool = False) -> Sandbox | None:
         """The session's sandbox from the pool, bound to it; None on a miss (then start cold).
         With `egress`, the sandbox mounts a directory for the session's proxy (the runner adopts
-        it: PoolSlots); without, that directory is removed. A pooled sandbox that died while it waited is
-        destroyed, and the next one tried."""
+        it: PoolSlots); without, that directory is removed. A pooled sandbox that died while it
+        waited is destroyed, and the next one tried."""
         while True:
             sandbox = self._take(spec, egress)
             if sandbox is None:
@@ -92,17 +97,31 @@ class WarmPool:
         with self._lock:
             if spec.egress_dir is not None or self._closed:
                 return None
-            if Profile.of(spec.limits) != self.profile:
-                log.info("warm pool of %s: sessions now ask for %s, not %s; draining and refilling",
-                         self.driver.name, Profile.of(spec.limits).label(), self.profile.label())
-                self._drained += self.ready
-                self.ready = []
-                self.limits = spec.limits
+            asked = Profile.of(spec.limits)
+            if asked != self.profile:
+                self._follow(asked, spec.limits)
                 return None
+            self._asked = (None, 0)
             for index, sandbox in enumerate(self.ready):
                 if not egress or "egress_dir" in sandbox.handle:  # it mounts a directory for the proxy
                     return self.ready.pop(index)
             return None
+
+    def _follow(self, asked: Profile, limits: Limits) -> None:
+        """Sessions ask for other limits: after RETARGET_AFTER in a row, the pool drains and
+        refills with them (sessions of two policies taking turns do not churn it), unless no
+        sandbox could start with them here."""
+        other, count = self._asked
+        count = count + 1 if other == asked else 1
+        self._asked = (asked, count)
+        if count < RETARGET_AFTER or asked in self._failed:
+            return
+        log.info("warm pool of %s: sessions now ask for %s, not %s; draining and refilling",
+                 self.driver.name, asked.label(), self.profile.label())
+        self._drained += self.ready
+        self.ready = []
+        self.limits = limits
+        self._asked = (None, 0)
 
     def status(self) -> dict:
         with self._lock:
@@ -127,15 +146,29 @@ class WarmPool:
         egress_dir = self.slots.make(pool_id) if self.slots is not None else None
         try:
             sandbox = self.driver.prepare(limits, pool_id=pool_id, egress_dir=egress_dir)
-        except BaseException:
+        except BaseException as exc:
             if self.slots is not None:
                 self.slots.remove(pool_id)
+            if isinstance(exc, SandboxError):
+                self._cannot_start(limits)
             raise
         with self._lock:
+            self._good = limits
             if not self._closed and limits == self.limits and len(self.ready) < self.size:
                 self.ready.append(sandbox)
                 return
         self._destroy(sandbox)  # the profile changed, or the pool closed, while it started
+
+    def _cannot_start(self, limits: Limits) -> None:
+        """No sandbox starts with these limits here (more CPUs than the host has, say): the pool
+        goes back to the last limits that worked, and does not follow these again."""
+        with self._lock:
+            if limits != self.limits or self._good is None or self._good == limits:
+                return
+            self._failed.add(Profile.of(limits))
+            log.warning("warm pool of %s: no sandbox starts with %s here; back to %s", self.driver.name,
+                        Profile.of(limits).label(), Profile.of(self._good).label())
+            self.limits = self._good
 
     def drain(self) -> None:
         """Destroy every sandbox the pool holds, and any it is starting (the runner stops)."""

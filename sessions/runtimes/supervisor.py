@@ -34,6 +34,8 @@ import time
 NOBODY = 65534
 OUT_HIGH = 1 << 20  # bytes of frames waiting to be read by the runner before commands' pipes wait
 READ = 65536
+REAP_S = 10  # for every process of a command to be gone after SIGKILL
+FRAME_MAX = 1 << 20  # output waiting to be sent is merged into frames of up to this much
 
 
 def oom_kills() -> int:
@@ -61,10 +63,27 @@ def keep_descriptors_to_itself() -> None:
                 pass
 
 
+def wait(readers: list[int], writers: list[int], timeout: float | None) -> tuple[set[int], set[int]]:
+    """poll(2): no descriptor-number limit, unlike select."""
+    poller = select.poll()
+    for fd in readers:
+        poller.register(fd, select.POLLIN)
+    for fd in writers:
+        poller.register(fd, select.POLLOUT | (select.POLLIN if fd in readers else 0))
+    ready_r, ready_w = set(), set()
+    for fd, events in poller.poll(None if timeout is None else timeout * 1000):
+        if events & (select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLNVAL):
+            (ready_r if fd in readers else ready_w).add(fd)
+        if events & (select.POLLOUT | select.POLLERR | select.POLLHUP) and fd in writers:
+            ready_w.add(fd)
+    return ready_r, ready_w
+
+
 class Supervisor:
     def __init__(self):
         self.requests = bytearray()
-        self.out = bytearray()
+        self.out = bytearray()  # frames ready to send
+        self.tail, self.tail_kind = bytearray(), b""  # output not framed yet: merged while it waits
         self.running = None  # the command that runs: a dict
         self.queue = []  # requests that came while a command ran
         keep_descriptors_to_itself()
@@ -77,7 +96,22 @@ class Supervisor:
 
     # -- the runner's side ------------------------------------------------------------------
     def frame(self, kind: bytes, payload: bytes) -> None:
-        self.out += kind + struct.pack(">I", len(payload)) + payload
+        """Queue a frame. Output (b"1", b"2") waits in `tail`, merged with more of the same
+        stream while the runner has not taken what went before: a command writing a byte at a
+        time costs the runner one frame per turn, not one per write."""
+        if kind in (b"1", b"2") and kind == self.tail_kind and len(self.tail) + len(payload) <= FRAME_MAX:
+            self.tail += payload
+            return
+        self.seal()
+        if kind in (b"1", b"2"):
+            self.tail, self.tail_kind = bytearray(payload), kind
+        else:
+            self.out += kind + struct.pack(">I", len(payload)) + payload
+
+    def seal(self) -> None:
+        if self.tail:
+            self.out += self.tail_kind + struct.pack(">I", len(self.tail)) + self.tail
+        self.tail, self.tail_kind = bytearray(), b""
 
     def reply(self, kind: bytes, message: dict) -> None:
         """`message`: integers and strings of [a-z_] only (the exit's reason, a reply's name)."""
@@ -86,6 +120,8 @@ class Supervisor:
         self.frame(kind, ("{" + ", ".join(fields) + "}").encode())
 
     def flush(self) -> None:
+        if not self.out:
+            self.seal()  # the runner took everything before: send what waited
         while self.out:
             try:
                 sent = os.write(1, self.out[:READ])
@@ -152,7 +188,13 @@ class Supervisor:
         in_r, in_w = os.pipe() if with_stdin else (os.open("/dev/null", os.O_RDONLY), None)
         # An error of the child before exec (a cwd or argv[0] that is missing) comes back here.
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:  # the pids limit: the command's leftovers are at it
+            for fd in (out_r, out_w, err_r, err_w, in_r, in_w, status_r, status_w):
+                if fd is not None:
+                    os.close(fd)
+            raise
         if pid == 0:  # the child: only async-signal-safe work until exec
             try:
                 os.setsid()
@@ -191,42 +233,35 @@ class Supervisor:
             command["reason"] = reason
         self.reap()
 
-    def collect(self) -> None:
+    def collect(self) -> bool:
         """Wait for every child that ended: the command, and what it left behind (orphans come to
-        pid 1, which this is)."""
+        pid 1, which this is). True while any child is left."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return False
             if pid == 0:
-                return
+                return True
             command = self.running
             if command is not None and pid == command["pid"]:
                 command["pid"], command["status"] = None, status
 
     def reap(self) -> None:
-        """Kill every process of the sandbox but this one, until none is left (a command may
-        fork as fast as it can); the dead are collected as they go."""
-        keep = {1, os.getpid()}
-        for _ in range(1000):
-            self.collect()
-            alive = False
-            for name in os.listdir("/proc"):
-                if not name.isdigit() or int(name) in keep:
-                    continue
-                try:
-                    with open(f"/proc/{name}/stat", "rb") as stat:
-                        if stat.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                            continue
-                    os.kill(int(name), signal.SIGKILL)
-                    alive = True
-                except (OSError, IndexError):
-                    continue
-            if not alive:
-                self.collect()
+        """Kill every other process of the sandbox until none is left. kill(-1) from pid 1
+        reaches them all whatever their state (a process whose main thread has exited shows as
+        a zombie in /proc while its other threads run on), and each comes back to pid 1 to be
+        collected, so none is missed however fast a command forks."""
+        deadline = time.monotonic() + REAP_S
+        while time.monotonic() < deadline:
+            try:  # noqa: SIM105 - contextlib is one more file to import at start
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:  # nothing left to signal
+                pass
+            if not self.collect():
                 return
             time.sleep(0.001)
+        os.write(2, b"airlock supervisor: processes outlived SIGKILL for %d s\n" % REAP_S)
 
     def pump(self) -> None:
         """One turn of a running command: its output, its stdin, its deadline, its end."""
@@ -287,16 +322,16 @@ class Supervisor:
         while True:
             command = self.running
             readers = [0, self.wakeup]
-            writers = [1] if self.out else []
+            writers = [1] if self.out or self.tail else []
             timeout = None
             if command is not None:
-                if len(self.out) < OUT_HIGH or command["reason"] is not None:
+                if len(self.out) + len(self.tail) < OUT_HIGH or command["reason"] is not None:
                     readers += list(command["pipes"])
                 if command["stdin"] is not None and command["stdin"][1]:
                     writers.append(command["stdin"][0])
                 if command["reason"] is None:
                     timeout = max(0.0, command["deadline"] - time.monotonic())
-            ready_r, ready_w, _ = select.select(readers, writers, [], timeout)
+            ready_r, ready_w = wait(readers, writers, timeout)
             if self.wakeup in ready_r:
                 while True:
                     try:
@@ -322,6 +357,8 @@ class Supervisor:
 
 
 if __name__ == "__main__":
+    if os.getpid() != 1:  # reap() kills every process it may signal: only its own sandbox's
+        sys.exit("airlock supervisor: it runs as its sandbox's pid 1 only")
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
         Supervisor().serve()

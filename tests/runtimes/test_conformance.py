@@ -428,3 +428,37 @@ def test_the_recorded_digest_is_the_tree_as_it_is_now(built_rootfs):
 def _no_project_secrets_in_test_env():
     yield
     os.environ.pop("AIRLOCK_TEST_SECRET", None)
+
+
+# A process whose main thread has exited while another runs on: /proc shows it as a zombie.
+HALF_DEAD = (
+    "import ctypes, sys, threading, time\n"
+    "def beat():\n"
+    "    while True:\n"
+    "        open(sys.argv[1], 'w').write(str(time.time())); time.sleep(0.02)\n"
+    "threading.Thread(target=beat).start()\n"
+    "ctypes.CDLL(None).pthread_exit(None)\n"
+)
+
+
+def test_a_process_whose_main_thread_exited_dies_with_its_command(driver, sandbox):
+    token = f"airlock-{uuid.uuid4().hex}"
+    code = ("import os, subprocess, sys\n"
+            "subprocess.Popen([sys.executable, '-c', sys.argv[1], '/workspace/' + sys.argv[2]],\n"
+            "                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "import time; time.sleep(0.3)\n")
+    assert py(driver, sandbox, code, HALF_DEAD, token).status.exit_code == 0
+    check = (f"import time; a = open('/workspace/{token}').read(); time.sleep(0.3); "
+             f"print(a == open('/workspace/{token}').read())")
+    assert py(driver, sandbox, check).stdout == "True\n"  # nobody beats any more
+    assert leftover_processes(driver, sandbox, token) == []
+
+
+def test_a_kill_reaches_a_command_whose_main_thread_exited(driver, sandbox):
+    events = driver.exec(sandbox, ["python3", "-c", "print('up', flush=True)\n" + HALF_DEAD, "/workspace/beat"])
+    assert next(events).data == b"up\n"
+    killed_at = time.monotonic()
+    threading.Thread(target=driver.kill, args=(sandbox,)).start()
+    assert list(events)[-1].reason == "killed"
+    assert time.monotonic() - killed_at < 3
+    assert run(driver, sandbox, ["true"]).status.exit_code == 0  # the sandbox still works

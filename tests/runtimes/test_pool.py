@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sessions.runtimes.base import Limits, SandboxSpec
-from sessions.runtimes.pool import WarmPool, reap_pooled
+from sessions.runtimes.base import Limits, SandboxError, SandboxSpec
+from sessions.runtimes.pool import RETARGET_AFTER, WarmPool, reap_pooled
 from tests.runtimes.conftest import checked_driver
 from tests.runtimes.helpers import py, run
 
@@ -98,7 +98,10 @@ def test_a_session_the_pool_cannot_serve_starts_cold_and_the_pool_follows_the_li
     assert pool.claim(spec(), egress=True) is None  # a pool without slots has no mount for a proxy: cold
     assert {sandbox.id for sandbox in pool.ready} == old
     bigger = dataclasses.replace(LIMITS, memory_mb=768)
-    assert pool.claim(spec(limits=bigger)) is None  # another profile: cold, and the pool drains
+    for _ in range(RETARGET_AFTER - 1):
+        assert pool.claim(spec(limits=bigger)) is None  # another profile: cold
+        assert {sandbox.id for sandbox in pool.ready} == old  # once is not a change of the policies in use
+    assert pool.claim(spec(limits=bigger)) is None  # again: the pool drains and follows
     assert pool.ready == [] and pool.limits == bigger
     fill(pool)
     assert old.isdisjoint(pooling.list_sandboxes() + [i for i, _, _ in pooling.pooled()])
@@ -184,3 +187,34 @@ def test_a_sandbox_that_starts_while_the_pool_is_drained_is_destroyed_not_kept(p
         del pooling.prepare
     assert pool.ready == [] and pool.claim(spec()) is None
     assert {i for i, _, _ in pooling.pooled()} <= before
+
+
+def test_sessions_of_two_policies_taking_turns_do_not_churn_the_pool(pooling, pool):
+    fill(pool)
+    other = dataclasses.replace(LIMITS, memory_mb=384)
+    claimed = []
+    try:
+        for _ in range(4):
+            assert pool.claim(spec(limits=other)) is None
+            claimed.append(pool.claim(spec()))
+            assert claimed[-1] is not None and claimed[-1].warm
+            fill(pool)
+        assert pool.limits == LIMITS and (pool.hits, pool.misses) == (4, 4)
+    finally:
+        for sandbox in claimed:
+            pooling.destroy(sandbox)
+
+
+def test_limits_no_sandbox_can_start_with_here_send_the_pool_back_to_the_last_that_worked(pooling, pool):
+    fill(pool)
+    impossible = dataclasses.replace(LIMITS, cpus=float(os.cpu_count() * 16))  # valid, and more than the host has
+    for _ in range(RETARGET_AFTER):
+        assert pool.claim(spec(limits=impossible)) is None
+    assert pool.limits == impossible
+    with pytest.raises(SandboxError):
+        pool.fill_once()
+    assert pool.limits == LIMITS  # back to what worked: the pool serves the others again
+    fill(pool)
+    for _ in range(RETARGET_AFTER + 1):
+        assert pool.claim(spec(limits=impossible)) is None
+    assert pool.limits == LIMITS and len(pool.ready) == 2  # and is not sent there again

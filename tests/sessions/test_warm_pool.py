@@ -14,6 +14,7 @@ from sessions.runner import records
 from sessions.runner.egress import egress_root
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import Limits, RuntimeUnavailable
+from sessions.runtimes.pool import RETARGET_AFTER
 from tests.sessions.conftest import Agent, publish, run_on, running_runner
 from tests.upstreams import Upstreams
 
@@ -46,8 +47,9 @@ def test_sessions_come_from_the_warm_pool_say_so_and_the_pool_refills(transactio
     with running_runner() as runner:
         pool = runner.pools["docker"]
         # No session on Docker yet: the pool starts with a policy's default limits, and the first
-        # session, whose policy sets its own, starts cold; the pool follows it.
-        assert agent.open(conversation_id="first")["warm"] is False
+        # sessions, whose policy sets its own, start cold; the pool follows them.
+        for n in range(RETARGET_AFTER):
+            assert agent.open(conversation_id=f"first-{n}")["warm"] is False
         wait_until(lambda: len(pool.ready) == 2 and pool.limits.memory_mb == 256)
         waiting = {sandbox.handle["container"] for sandbox in pool.ready}
         session = agent.open()
@@ -65,8 +67,8 @@ def test_sessions_come_from_the_warm_pool_say_so_and_the_pool_refills(transactio
 
         # Limits the pool was not made with: cold, and the pool follows them.
         publish(acme, BIGGER)
-        cold = agent.open(conversation_id="bigger")
-        assert cold["warm"] is False
+        for n in range(RETARGET_AFTER):
+            assert agent.open(conversation_id=f"bigger-{n}")["warm"] is False
         wait_until(lambda: len(pool.ready) == 2 and pool.limits.memory_mb == 640)
         assert agent.open(conversation_id="bigger-again")["warm"] is True
         run_on(runner, _beat(runner))  # its heartbeat writes what the Metrics page reads
@@ -125,7 +127,8 @@ def test_a_session_with_egress_takes_a_pooled_sandbox_and_its_proxy_goes_there(
     agent = Agent(api, make_key(acme, scopes=[ApiKeyScope.SESSIONS]).key)
     with running_runner() as runner:
         pool = runner.pools[driver]
-        agent.open(conversation_id="teaches-the-pool-the-limits")
+        for n in range(RETARGET_AFTER):
+            agent.open(conversation_id=f"teaches-the-pool-the-limits-{n}")
         wait_until(lambda: len(pool.ready) == 2 and pool.limits.memory_mb == 512, 60)
         session = agent.open()
         assert session["warm"] is True
