@@ -82,6 +82,8 @@ def env_pools(name: str, drivers: tuple[str, ...]) -> dict[str, int]:
     for item in filter(None, (part.strip() for part in raw.split(","))):
         driver, _, size = item.partition(":")
         driver = driver.strip().lower()
+        if driver in pools:
+            raise ImproperlyConfigured(f"{name}={raw!r} names {driver} twice; give each driver one size")
         if driver not in drivers:
             raise ImproperlyConfigured(f"{name}={raw!r}: {driver!r} is not a driver with a pool "
                                        f"(use {', '.join(drivers)}), as in docker:4,gvisor:2")

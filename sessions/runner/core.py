@@ -163,11 +163,11 @@ class RunnerService:
             try:
                 await self.blocking(pool.fill_once)
                 failures = 0
-            except (RuntimeUnavailable, SandboxError) as exc:
+            except Exception as exc:  # the filler lives on: sessions start cold meanwhile
                 failures += 1
                 if failures == 1:
-                    log.warning("runner %s: the warm pool of %s cannot start a sandbox (%s); retrying", self.id,
-                                name, exc)
+                    log.warning("runner %s: the warm pool of %s cannot start a sandbox (%s: %s); retrying",
+                                self.id, name, type(exc).__name__, exc)
                 await asyncio.sleep(min(60, 2 ** failures))
 
     async def register(self) -> None:

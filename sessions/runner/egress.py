@@ -235,8 +235,6 @@ def ensure_egress_root() -> Path:
 
 
 POOL_SLOT = "pool-"
-
-
 SLOT_GRACE_S = 120  # a pooled sandbox's directory is made a moment before its container
 
 

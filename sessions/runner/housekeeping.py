@@ -93,7 +93,7 @@ async def reap(runner) -> list[str]:
             kept = runner.pools[name].ids() if name in runner.pools else set()
             reaped += await runner.blocking(reap_pooled, driver, kept)
     # Egress directories left by a runner that died (their proxies died with it), and those of
-    # pooled sandboxes that are gone (a live session's proxy may be in its claimed one's).
+    # pooled sandboxes that are gone (a claimed one's became its session's: PoolSlots.adopt).
     leftover = orphan_directories(set(runner.live))
     for session_id in await runner.db(records.orphans, present=leftover) if leftover else ():
         await runner.blocking(remove_directory, egress_root() / session_id)

@@ -77,8 +77,9 @@ class SupervisorChannel:
             self.sock.close()
 
     def _read(self) -> None:
-        docker = b""  # Docker's frames
-        ours = b""  # the supervisor's, inside Docker's stdout frames
+        # bytearrays: appending to one and deleting from its front cost no copy of the rest.
+        docker = bytearray()  # Docker's frames
+        ours = bytearray()  # the supervisor's, inside Docker's stdout frames
         try:
             while True:
                 data = self.sock.recv(65536)
@@ -89,12 +90,13 @@ class SupervisorChannel:
                     stream, size = docker[0], struct.unpack(">I", docker[4:8])[0]
                     if len(docker) < 8 + size:
                         break
-                    payload, docker = docker[8:8 + size], docker[8 + size:]
+                    payload = docker[8:8 + size]
+                    del docker[:8 + size]
                     if stream == DOCKER_STDERR:
                         log.warning("a sandbox's supervisor said: %s", payload.decode(errors="replace").strip())
                     elif stream == DOCKER_STDOUT:
                         ours += payload
-                        ours = self._dispatch(ours)
+                        self._dispatch(ours)
         except OSError:
             return
         finally:
@@ -105,14 +107,15 @@ class SupervisorChannel:
             with contextlib.suppress(queue.Full):
                 self.events.put(CLOSED, timeout=30)
 
-    def _dispatch(self, buffer: bytes) -> bytes:
+    def _dispatch(self, buffer: bytearray) -> None:
+        """Hand on each whole frame in `buffer`, and remove it from there."""
         while len(buffer) >= 5:
             size = struct.unpack(">I", buffer[1:5])[0]
             if len(buffer) < 5 + size:
                 break
-            kind, payload, buffer = buffer[:1], buffer[5:5 + size], buffer[5 + size:]
+            kind, payload = bytes(buffer[:1]), bytes(buffer[5:5 + size])
+            del buffer[:5 + size]
             if kind == b"j":
                 self.replies.put((kind, payload))
             else:
                 self.events.put((kind, payload))
-        return buffer

@@ -71,6 +71,7 @@ READY_S = 30  # for the supervisor's first frame (gVisor's start on a loaded hos
 UNRESPONSIVE_S = 5  # past a command's deadline, a supervisor that has not ended it is given up on
 DRAIN_S = 10  # for a command whose consumer stopped reading to be killed and drained
 STATS_S = 2
+STATE_S = 2  # for the daemon to record the end of a container whose stream has ended
 
 
 @dataclass
@@ -349,6 +350,10 @@ class DockerDriver(Driver):
     def _outcome(self, sandbox: Sandbox, ended: dict | None, running: _Running) -> tuple[int | None, str]:
         if ended is None:  # the stream ended: the container died, or the supervisor stopped answering
             state = self._container_state(sandbox)
+            deadline = time.monotonic() + STATE_S
+            while state.get("Running") and time.monotonic() < deadline:  # the daemon has yet to see it end
+                time.sleep(0.02)
+                state = self._container_state(sandbox)
             return None, "oom" if state.get("OOMKilled") else (running.reason or "killed")
         reason = ended["reason"]
         if reason in {"timeout", "killed", "output_limit"}:

@@ -1,10 +1,11 @@
 """Warm pools (docs/architecture.md, "Warm pools"): sandboxes started ahead of their sessions.
 
-A pool keeps `size` started sandboxes of one driver and one profile (the limits a container is
-made with: CPUs, memory, pids, workspace and /tmp sizes; the driver's image is fixed while it
-runs). They hold no tenant data: no command has run in them, their workspace is empty, and the
-environment is bound per command. A claim hands one to exactly one session, which destroys it at
-its end: a pooled sandbox is never reused. The runner refills the pool in the background.
+A pool keeps `size` started sandboxes of one driver and one profile: the limits a container is
+made with (CPUs, memory, pids, workspace and /tmp sizes) and the root filesystem's digest (a
+sandbox of an image that has since been replaced is drained, not handed out). They hold no
+tenant data: no command has run in them, their workspace is empty, and the environment is bound
+per command. A claim hands one to exactly one session, which destroys it at its end: a pooled
+sandbox is never reused. The runner refills the pool in the background.
 
 Each pooled sandbox mounts an empty egress directory of its own (`slots`, made by the runner):
 a session with egress that claims it has its proxy put there. A claim misses, and the session
@@ -102,6 +103,13 @@ class WarmPool:
                 self._follow(asked, spec.limits)
                 return None
             self._asked = (None, 0)
+            # The root filesystem is part of the profile: one rebuilt since a sandbox started
+            # (a new image digest) leaves that sandbox to be drained, not handed out.
+            digest = getattr(self.driver, "image_digest", None)
+            stale = [sandbox for sandbox in self.ready if digest and sandbox.rootfs_digest != digest]
+            if stale:
+                self._drained += stale
+                self.ready = [sandbox for sandbox in self.ready if sandbox not in stale]
             for index, sandbox in enumerate(self.ready):
                 if not egress or "egress_dir" in sandbox.handle:  # it mounts a directory for the proxy
                     return self.ready.pop(index)

@@ -35,7 +35,7 @@ NOBODY = 65534
 OUT_HIGH = 1 << 20  # bytes of frames waiting to be read by the runner before commands' pipes wait
 READ = 65536
 REAP_S = 10  # for every process of a command to be gone after SIGKILL
-FRAME_MAX = 1 << 20  # output waiting to be sent is merged into frames of up to this much
+FRAME_MAX = READ  # output waiting to be sent is merged into frames of up to this much (as one read)
 
 
 def oom_kills() -> int:

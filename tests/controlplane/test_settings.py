@@ -83,6 +83,7 @@ def refused(env: dict, explanation: str, name: str):
         refused({"AIRLOCK_WARM_POOL": "docker:many"}, "AIRLOCK_WARM_POOL='docker:many': 'many' is not a pool size",
                 "warm-pool-size"),
         refused({"AIRLOCK_WARM_POOL": "docker:4,gvisor:65"}, "a pool holds 0 to 64 sandboxes", "warm-pool-too-big"),
+        refused({"AIRLOCK_WARM_POOL": "docker:2,docker:3"}, "names docker twice", "warm-pool-twice"),
     ],
 )
 def test_a_bad_environment_stops_manage_py_with_one_line(env, explanation):

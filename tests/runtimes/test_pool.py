@@ -218,3 +218,17 @@ def test_limits_no_sandbox_can_start_with_here_send_the_pool_back_to_the_last_th
     for _ in range(RETARGET_AFTER + 1):
         assert pool.claim(spec(limits=impossible)) is None
     assert pool.limits == LIMITS and len(pool.ready) == 2  # and is not sent there again
+
+
+def test_a_pooled_sandbox_of_a_root_filesystem_since_replaced_is_drained_not_handed_out(pooling, pool):
+    fill(pool)
+    old = {sandbox.id for sandbox in pool.ready}
+    current = pooling.image_digest
+    pooling.image_digest = "sha256:" + "0" * 64  # what a rebuilt and re-imported tree would give
+    try:
+        assert pool.claim(spec()) is None
+        assert pool.ready == [] and old <= pool.ids()  # waiting to be destroyed by the filler
+    finally:
+        pooling.image_digest = current
+    pool.fill_once()
+    assert old.isdisjoint({i for i, _, _ in pooling.pooled()})

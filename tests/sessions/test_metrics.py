@@ -134,7 +134,7 @@ def test_warm_pool_figures_split_starts_warm_and_cold_and_count_hits_on_pooling_
     assert (m.warm_hits, m.warm_lookups, m.warm_hit_rate) == (3, 4, 0.75)
     assert m.start_warm_ms == {"p50": 30, "p95": 40} and m.start_cold_ms == {"p50": 600, "p95": 600}
     html = client_for(bob).get("/t/acme/metrics/").content.decode()
-    assert "75.0 %" in html and "docker 7/8, gvisor 0/2" in html and "30 / 40 · 600 / 600 ms" in html
+    assert "75.0 %" in html and "docker 7/8, gvisor 0/2" in html and "warm 30 / 40 · cold 600 / 600 ms" in html
     text = api(TOKEN).get("/metrics").content.decode()
     assert 'airlock_warm_pool_hit_ratio{tenant="acme"} 0.75' in text
     assert 'airlock_session_start_by_pool_seconds{quantile="0.95",start="warm",tenant="acme"} 0.04' in text
