@@ -61,8 +61,10 @@ def running_runner():
     try:
         asyncio.run_coroutine_threadsafe(instance.start(), loop).result(60)
         set_local_runner(instance)
-        yield instance
-        asyncio.run_coroutine_threadsafe(instance.stop("test finished"), loop).result(60)
+        try:
+            yield instance
+        finally:  # a test that failed stops its runner too: its sandboxes and pools go
+            asyncio.run_coroutine_threadsafe(instance.stop("test finished"), loop).result(60)
     finally:
         set_local_runner(None)
         loop.call_soon_threadsafe(loop.stop)
