@@ -18,9 +18,9 @@ from controlplane.models import Tenant
 from policies_app.models import DecisionRecord, DecisionRollup
 from policies_app.rollups import argument_pattern, bucket_of, by_hour
 from sessions.models import CommandRun, CommandState, Runner, Session
+from sessions.runtimes import POOLED_DRIVERS
 
 MAX_ROWS = 20_000
-POOLED_DRIVERS = {"docker", "gvisor"}  # drivers that keep warm pools (sessions/runtimes/pool.py)
 RETRY_WINDOW = timedelta(minutes=5)  # the same intent again within this long counts as a retry
 
 

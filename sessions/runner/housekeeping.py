@@ -7,6 +7,7 @@ dead (their sessions fail), and orphan sandboxes are reaped now and then."""
 import asyncio
 import logging
 import time
+from functools import partial
 
 from django.conf import settings
 
@@ -80,6 +81,7 @@ async def reap(runner) -> list[str]:
     releasing is not an orphan."""
     runner.last_reap = time.monotonic()
     reaped = []
+    slots_kept = {sandbox_id for pool in runner.pools.values() for sandbox_id in pool.ids()}
     for name in sorted(runner.drivers | REAPED_DRIVERS):
         driver = get_driver(name)
         try:
@@ -90,20 +92,20 @@ async def reap(runner) -> list[str]:
         if orphans:
             reaped += await runner.blocking(reap_orphans, driver, lambda _present, orphans=orphans: orphans)
         if driver.supports_pool:  # pooled sandboxes of runners that died
+            try:
+                pooled = await runner.blocking(driver.pooled)
+            except RuntimeUnavailable:
+                continue
             kept = runner.pools[name].ids() if name in runner.pools else set()
-            reaped += await runner.blocking(reap_pooled, driver, kept)
+            gone = await runner.blocking(partial(reap_pooled, driver, kept, pooled=pooled))
+            reaped += gone
+            slots_kept |= {sandbox_id for sandbox_id, _, _ in pooled} - set(gone)
     # Egress directories left by a runner that died (their proxies died with it), and those of
     # pooled sandboxes that are gone (a claimed one's became its session's: PoolSlots.adopt).
     leftover = orphan_directories(set(runner.live))
     for session_id in await runner.db(records.orphans, present=leftover) if leftover else ():
         await runner.blocking(remove_directory, egress_root() / session_id)
-    kept = {sandbox_id for pool in runner.pools.values() for sandbox_id in pool.ids()}
-    for name in sorted(runner.drivers | REAPED_DRIVERS):
-        try:
-            kept |= {sandbox_id for sandbox_id, _, _ in await runner.blocking(get_driver(name).pooled)}
-        except RuntimeUnavailable:
-            continue
-    for pool_id in orphan_slots(kept):
+    for pool_id in orphan_slots(slots_kept):
         await runner.blocking(PoolSlots().remove, pool_id)
     if reaped:
         await runner.db(records.runner_reaped, runner_id=runner.id, count=len(reaped))

@@ -6,6 +6,7 @@ import threading
 from sessions.runtimes.base import Driver, RuntimeUnavailable
 
 DRIVERS = ("bubblewrap", "docker", "gvisor")
+POOLED_DRIVERS = ("docker", "gvisor")  # the ones whose Driver.supports_pool (warm pools: pool.py)
 _instances: dict[str, Driver] = {}
 _lock = threading.Lock()
 

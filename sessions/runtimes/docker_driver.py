@@ -260,14 +260,26 @@ class DockerDriver(Driver):
         return channel
 
     def destroy(self, sandbox: Sandbox) -> None:
-        self.destroy_by_id(sandbox.id)
+        """By its container's id: no listing of the host's containers on a session's end."""
+        try:
+            self.client.api.remove_container(sandbox.handle["container"], force=True, v=True)
+        except NotFound:
+            pass
+        except (DockerException, RequestException) as exc:
+            if isinstance(exc, APIError):
+                raise SandboxError(f"docker could not remove the sandbox: {exc.explanation}") from None
+            raise RuntimeUnavailable(_daemon_fix(exc)) from None
+        self._close_channel(sandbox.id)
 
     def destroy_by_id(self, sandbox_id: str) -> None:
-        with self._lock:
-            channel = self._channels.pop(sandbox_id, None)
         for container in self._containers(sandbox_id):
             with contextlib.suppress(NotFound):
                 container.remove(force=True, v=True)
+        self._close_channel(sandbox_id)
+
+    def _close_channel(self, sandbox_id: str) -> None:
+        with self._lock:
+            channel = self._channels.pop(sandbox_id, None)
         if channel is not None:
             channel.close()
 
@@ -277,8 +289,9 @@ class DockerDriver(Driver):
 
     def _containers(self, sandbox_id: str | None = None, *, pool: bool = False) -> list:
         filters = [f"{LABEL_DRIVER}={self.name}"] + ([LABEL_POOL] if pool else [])
+        name = {"name": sandbox_id} if sandbox_id else {}  # Docker matches part of a name; exactly below
         try:
-            found = self.client.containers.list(all=True, filters={"label": filters})
+            found = self.client.containers.list(all=True, filters={"label": filters, **name})
         except (DockerException, RequestException) as exc:
             raise RuntimeUnavailable(_daemon_fix(exc)) from None
         if pool:
@@ -318,23 +331,10 @@ class DockerDriver(Driver):
         backstop = deadlines.after(timeout_s + UNRESPONSIVE_S, lambda: self._give_up(sandbox, running))
         ended, output_bytes = None, 0
         try:
-            while ended is None:
-                try:
-                    kind, payload = channel.events.get(timeout=1)
-                except queue.Empty:
-                    # The stream ended (its end-marker could not be queued), or the backstop gave
-                    # up on a supervisor and even killing the container failed: stop waiting.
-                    abandoned = running.gave_up_at and time.monotonic() - running.gave_up_at > DRAIN_S
-                    if channel.closed.is_set() or abandoned:
-                        break
-                    continue
-                if (kind, payload) == CLOSED:
-                    break
+            for kind, payload in self._frames(channel, running):
                 if kind == b"x":
-                    message = json.loads(payload)
-                    if message["id"] == running.id:
-                        ended = message
-                    continue
+                    ended = payload
+                    break
                 output_bytes += len(payload)
                 yield Chunk(stream="stdout" if kind == b"1" else "stderr", data=payload)
         finally:
@@ -361,19 +361,39 @@ class DockerDriver(Driver):
         code = ended["exit_code"]
         return (128 - code if code < 0 else code), reason
 
+    def _frames(self, channel: SupervisorChannel, running: _Running, *,
+                until: float | None = None) -> Iterator[tuple[bytes, bytes | dict]]:
+        """The running command's frames, its exit last (b"x", as a dict). They stop early when
+        the stream ends (the end-marker is missed only if it could not be queued), at `until`,
+        or once the backstop gave up on the supervisor and even killing the container failed."""
+        while True:
+            try:
+                kind, payload = channel.events.get(timeout=1)
+            except queue.Empty:
+                now = time.monotonic()
+                abandoned = running.gave_up_at and now - running.gave_up_at > DRAIN_S
+                if channel.closed.is_set() or abandoned or (until is not None and now > until):
+                    return
+                continue
+            if (kind, payload) == CLOSED:
+                return
+            if kind != b"x":
+                yield kind, payload
+                continue
+            message = json.loads(payload)
+            if message["id"] == running.id:  # (an earlier command's exit, drained late, is not its)
+                yield kind, message
+                return
+
     def _drain(self, channel: SupervisorChannel, running: _Running) -> None:
         """Kill a command nobody reads any more and drop what is left of it, up to its exit."""
         with contextlib.suppress(ChannelClosed):
             channel.send({"op": "kill", "id": running.id})
-        deadline = time.monotonic() + DRAIN_S
-        while time.monotonic() < deadline:
-            try:
-                kind, payload = channel.events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if (kind, payload) == CLOSED or (kind == b"x" and json.loads(payload)["id"] == running.id):
+        for kind, _ in self._frames(channel, running, until=time.monotonic() + DRAIN_S):
+            if kind == b"x":
                 return
-        log.warning("a command's supervisor did not end it within %s s of a kill", DRAIN_S)
+        if not channel.closed.is_set():
+            log.warning("a command's supervisor did not end it within %s s of a kill", DRAIN_S)
 
     def _give_up(self, sandbox: Sandbox, running: _Running) -> None:
         """The supervisor let a command run past its deadline: the sandbox stops (the stream
@@ -408,13 +428,9 @@ class DockerDriver(Driver):
         return Stats(cpu_s=cpu_ns / 1e9 if cpu_ns else None, memory_bytes=memory, disk_bytes=self._disk(sandbox))
 
     def _disk(self, sandbox: Sandbox) -> int | None:
-        with self._lock:
-            channel = self._channels.get(sandbox.id)
-        if channel is None:
-            return None
         try:
-            return int(channel.ask({"op": "disk"}, STATS_S)["used"])
-        except (ChannelClosed, KeyError, TypeError, ValueError):
+            return int(self._channel(sandbox).ask({"op": "disk"}, STATS_S)["used"])
+        except (SandboxError, ChannelClosed, KeyError, TypeError, ValueError):
             return None
 
 

@@ -195,12 +195,14 @@ class WarmPool:
             log.exception("warm pool of %s: could not destroy %s", self.driver.name, sandbox.id)
 
 
-def reap_pooled(driver: Driver, kept: set[str], *, created_grace_s: float = 120) -> list[str]:
+def reap_pooled(driver: Driver, kept: set[str], *, pooled: list | None = None,
+                created_grace_s: float = 120) -> list[str]:
     """Destroy pooled sandboxes on this host that no live pool holds and that can serve nobody:
     stopped (their runner died, which closed their supervisor's stdin) or never started. A
-    running one belongs to another runner's pool and is left alone."""
+    running one belongs to another runner's pool and is left alone. `pooled`: the driver's
+    listing (Driver.pooled), when the caller has it already."""
     reaped = []
-    for sandbox_id, state, age_s in driver.pooled():
+    for sandbox_id, state, age_s in driver.pooled() if pooled is None else pooled:
         if sandbox_id in kept:
             continue
         if state in {"exited", "dead"} or (state == "created" and age_s > created_grace_s):

@@ -173,7 +173,7 @@ class Supervisor:
             self.frame(b"2", f"airlock: cannot run {request['argv'][0]!r}: {exc.strerror}\n".encode())
             self.reply(b"x", {"id": request["id"], "exit_code": 127, "reason": "exited", "output": 0})
             return
-        command.update(pid=pid, pipes=pipes, started=time.monotonic())
+        command.update(pid=pid, pipes=pipes)
         if stdin_fd is not None:
             command["stdin"] = [stdin_fd, memoryview(stdin)]  # what is left to write, without copies
         self.running = command

@@ -232,3 +232,9 @@ def test_a_pooled_sandbox_of_a_root_filesystem_since_replaced_is_drained_not_han
         pooling.image_digest = current
     pool.fill_once()
     assert old.isdisjoint({i for i, _, _ in pooling.pooled()})
+
+
+def test_the_drivers_named_as_pooling_are_the_ones_that_support_a_pool():
+    from sessions.runtimes import DRIVERS, POOLED_DRIVERS, get_driver
+
+    assert {name for name in DRIVERS if get_driver(name).supports_pool} == set(POOLED_DRIVERS)
