@@ -5,6 +5,7 @@ so a bad value stops start-up with an explanation instead of a traceback deep in
 """
 
 import os
+import re
 import tempfile
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -273,3 +274,53 @@ def check_redis_url(url: str) -> str:
     if database and not database.isdigit():
         raise ImproperlyConfigured(f"REDIS_URL: the database after the host must be a number, {example}")
     return url
+
+
+def parse_key(name: str, raw: str) -> bytes:
+    """A 256-bit key written as 64 hex digits or as base64 (standard or URL-safe)."""
+    import base64
+    import binascii
+
+    raw = raw.strip()
+    if re.fullmatch(r"[0-9a-fA-F]{64}", raw):
+        return bytes.fromhex(raw)
+    try:
+        key = base64.b64decode(raw.replace("-", "+").replace("_", "/") + "=" * (-len(raw) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 32:
+        raise ImproperlyConfigured(f"{name} is not a 256-bit key; generate one with: "
+                                   "python3 -c 'import secrets; print(secrets.token_hex(32))'")
+    return key
+
+
+def env_keys(name: str, file_name: str) -> list[bytes]:
+    """Keys from `name` (comma-separated), else from the file `file_name` names (one a line)."""
+    raw = os.environ.get(name, "").strip()
+    path = os.environ.get(file_name, "").strip()
+    if raw and path:
+        raise ImproperlyConfigured(f"{name} and {file_name} are both set; give the key one way")
+    if path:
+        try:
+            with open(path, encoding="ascii") as handle:
+                raw = ",".join(line.strip() for line in handle if line.strip() and not line.startswith("#"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ImproperlyConfigured(f"{file_name}={path} cannot be read: {exc}") from None
+        if not raw:
+            raise ImproperlyConfigured(f"{file_name}={path} holds no key")
+    return [parse_key(name if not path else file_name, item) for item in raw.split(",") if item.strip()]
+
+
+def env_json(name: str, default: dict) -> dict:
+    import json
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object of the storage backend's options")
+    return value

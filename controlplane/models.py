@@ -152,3 +152,21 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise PermissionError("audit events are append-only")
+
+
+class DataKey(models.Model):
+    """One of a tenant's data keys (controlplane/keys.py), stored only wrapped by the master key,
+    which the database never holds. Snapshots and artifacts name the version they were sealed with."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="data_keys")
+    version = models.PositiveIntegerField()
+    wrapped = models.BinaryField()  # nonce + AES-256-GCM of the key under the master key
+    master_id = models.CharField(max_length=16)  # which master key wrapped it (keys.master_id)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "version"], name="one_data_key_per_version")]
+        ordering = ["tenant_id", "-version"]
+
+    def __str__(self) -> str:
+        return f"data key v{self.version} of {self.tenant_id}"

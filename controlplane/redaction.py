@@ -136,13 +136,17 @@ class RedactingFilter(logging.Filter):
 
 def configured_secrets() -> tuple[str, ...]:
     """The secret values this deployment knows: its SECRET_KEY, database and Redis passwords,
-    its audit key, and AIRLOCK_REDACT_VALUES. None of them may ever appear in output, a record or a log."""
+    its audit key, its master keys, and AIRLOCK_REDACT_VALUES. None of them may ever appear in output, a record
+    or a log."""
+    import os
     from urllib.parse import urlsplit
 
     from django.conf import settings
 
     values = [settings.SECRET_KEY, settings.DATABASES["default"].get("PASSWORD") or "",
-              settings.AIRLOCK_AUDIT_KEY or "", *settings.AIRLOCK_REDACT_VALUES]
+              settings.AIRLOCK_AUDIT_KEY or "", *settings.AIRLOCK_REDACT_VALUES,
+              os.environ.get("AIRLOCK_MASTER_KEY", "").strip(), os.environ.get("AIRLOCK_MASTER_KEYS_PREVIOUS", ""),
+              *(key.hex() for key in [settings.AIRLOCK_MASTER_KEY, *settings.AIRLOCK_MASTER_KEYS_PREVIOUS] if key)]
     if settings.REDIS_URL:
         values.append(urlsplit(settings.REDIS_URL).password or "")
     return tuple(value for value in values if value)

@@ -15,6 +15,8 @@ from controlplane.env import (
     env_choice,
     env_float,
     env_int,
+    env_json,
+    env_keys,
     env_list,
     env_pools,
     env_str,
@@ -300,6 +302,32 @@ AIRLOCK_METRICS_CACHE_S = env_int("AIRLOCK_METRICS_CACHE_S", 15)  # /metrics ser
 if AIRLOCK_METRICS_TOKEN and len(AIRLOCK_METRICS_TOKEN) < 24:
     raise ImproperlyConfigured("AIRLOCK_METRICS_TOKEN is shorter than 24 characters; generate one with: "
                                "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+
+# Persistence (sessions/persistence/, docs/architecture.md "Persistence"). The master key wraps
+# each tenant's data key: AIRLOCK_MASTER_KEY (64 hex digits or base64 of 32 bytes) or a file of
+# it (AIRLOCK_MASTER_KEY_FILE); unset, it is derived from SECRET_KEY (the embedded default).
+# AIRLOCK_MASTER_KEYS_PREVIOUS (or _FILE) lists keys that still unwrap, for `manage.py rotate_keys`.
+_MASTER = env_keys("AIRLOCK_MASTER_KEY", "AIRLOCK_MASTER_KEY_FILE")
+if len(_MASTER) > 1:
+    raise ImproperlyConfigured("AIRLOCK_MASTER_KEY holds more than one key; list old ones in "
+                               "AIRLOCK_MASTER_KEYS_PREVIOUS")
+AIRLOCK_MASTER_KEY = _MASTER[0] if _MASTER else None
+AIRLOCK_MASTER_KEYS_PREVIOUS = env_keys("AIRLOCK_MASTER_KEYS_PREVIOUS", "AIRLOCK_MASTER_KEYS_PREVIOUS_FILE")
+# Where snapshots and artifacts are stored, through Django's storage API: the data directory by
+# default; any backend (django-storages' S3, say) by configuration alone.
+AIRLOCK_STORAGE_BACKEND = env_str("AIRLOCK_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage")
+AIRLOCK_STORAGE_OPTIONS = env_json("AIRLOCK_STORAGE_OPTIONS", {"location": str(DATA_DIR / "persistence")}
+                                   if AIRLOCK_STORAGE_BACKEND.endswith("FileSystemStorage") else {})
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "persistence": {"BACKEND": AIRLOCK_STORAGE_BACKEND, "OPTIONS": AIRLOCK_STORAGE_OPTIONS},
+}
+# What a gigabyte-month of stored snapshots and artifacts costs (about object storage's, in
+# AIRLOCK_COST_CURRENCY), for the Metrics page and /metrics.
+AIRLOCK_COST_PER_GB_MONTH = env_float("AIRLOCK_COST_PER_GB_MONTH", 0.023)
+# How often a runner's housekeeping prunes snapshots and artifacts past their retention.
+AIRLOCK_PRUNE_INTERVAL_S = env_int("AIRLOCK_PRUNE_INTERVAL_S", 3600, minimum=10)
 
 # How often an API key's last-used time is written: once per key per this many seconds.
 AIRLOCK_KEY_TOUCH_INTERVAL_S = env_int("AIRLOCK_KEY_TOUCH_INTERVAL_S", 60)

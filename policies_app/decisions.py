@@ -102,11 +102,12 @@ def _with_exceptions(kind: str, tenant: Tenant, policy: Policy | None, version: 
 
 def refuse(*, tenant: Tenant, version: PolicyVersion | None, kind: str, request: dict, reason_code: str,
            message: str, hint: str, session_id=None, conversation_id: str = "",
-           secrets: Iterable[str] = ()) -> Evaluation:
-    """Record a refusal that no rule decides (the session is not active, a file path leaves the
-    workspace): a hard deny, whatever the policy's mode."""
+           secrets: Iterable[str] = (), rule_id: str | None = None) -> Evaluation:
+    """Record a refusal that no rule of the document decides (the session is not active, a file
+    path leaves the workspace, a snapshot fails a check: `rule_id` names which): a hard deny,
+    whatever the policy's mode."""
     ref = version_ref(version) if version else None
-    decision = Decision(False, "deny", reason_code, None, f"denied: {message}", hint,
+    decision = Decision(False, "deny", reason_code, rule_id, f"denied: {message}", hint,
                         version.document.get("mode", "enforce") if version else "enforce", ref)
     return Evaluation(decision=decision, record=_store(tenant, version, kind, request, decision, 0, session_id,
                                                        conversation_id, tuple(secrets)))
@@ -186,6 +187,9 @@ def subject_of(kind: str, request: dict) -> str:
         return ""
     if kind == "egress":
         return f"{request.get('host', '')}:{request.get('port', '')}"
+    if kind == "resume":
+        value = request.get("resume", "")
+        return value if isinstance(value, str) else ""
     value = request.get("path" if kind == "file" else "bin", "")
     return value if isinstance(value, str) else ""
 

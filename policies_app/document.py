@@ -17,6 +17,9 @@ ReasonCode = Literal[
     "limit_exceeded", "session_not_active", "default_deny",
     # Egress guards that hold whatever the policy says (docs/architecture.md, "Egress").
     "egress_ip_literal", "egress_address_denied", "egress_fronting", "egress_not_tls", "egress_control_plane",
+    # A resumed snapshot that fails a check (docs/architecture.md, "Persistence"): altered, forged or
+    # expired; or valid, but not this tenant's, this conversation's, this policy's or this root filesystem's.
+    "provenance_invalid", "provenance_mismatch",
 ]
 BARE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
 RULE_ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
@@ -113,6 +116,17 @@ class Network(Strict):
         return value
 
 
+class Persistence(Strict):
+    """Checkpoints of a session's workspace and artifacts it packs (off unless enabled)."""
+
+    enabled: bool = False
+    retention_days: int = Field(7, ge=1, le=3650, description="snapshots and artifacts are deleted after this")
+    max_mb: int = Field(256, ge=1, le=4096, description="the most a snapshot or artifact may hold, unpacked")
+    resume_same_policy: bool = Field(False, description="resume only snapshots made under this policy's name")
+    resume_same_rootfs: bool = Field(False, description="resume only snapshots made on the root filesystem the "
+                                     "new session runs")
+
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # Variables that change how programs load code; a policy may not set or pass them.
 LOADER_VARIABLES = re.compile(r"LD_.*|GCONV_PATH|PYTHONSTARTUP|PYTHONPATH|PERL5OPT|NODE_OPTIONS|BASH_ENV|ENV")
@@ -186,6 +200,7 @@ class PolicyDocument(Strict):
     filesystem: Filesystem = Field(default_factory=Filesystem)
     network: Network = Field(default_factory=Network)
     env: Env = Field(default_factory=Env)
+    persistence: Persistence = Field(default_factory=Persistence)
     tests: list[PolicyTest] = Field(default_factory=list)
 
     @model_validator(mode="after")

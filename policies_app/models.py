@@ -95,7 +95,8 @@ class DecisionRecord(models.Model):
     """Every decision, as made: what was asked (secrets redacted), by whom, under which version,
     and the outcome; with the shadow candidate's outcome beside it when there is one."""
 
-    KINDS = [("exec", "exec"), ("file", "file"), ("egress", "egress"), ("session", "session")]
+    KINDS = [("exec", "exec"), ("file", "file"), ("egress", "egress"), ("session", "session"), ("resume", "resume"),
+             ("artifact", "artifact")]
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="+")
     session_id = models.UUIDField(null=True, blank=True)
@@ -107,8 +108,8 @@ class DecisionRecord(models.Model):
     mode = models.CharField(max_length=10)
     kind = models.CharField(max_length=10, choices=KINDS, default="exec")
     request = models.JSONField()
-    # What was asked for, in one column for grouping: the program (exec), the path (file) or
-    # host:port (egress).
+    # What was asked for, in one column for grouping: the program (exec), the path (file),
+    # host:port (egress) or the snapshot asked for (resume).
     subject = models.CharField(max_length=255, blank=True)
     allowed = models.BooleanField()
     effect = models.CharField(max_length=12)

@@ -15,7 +15,9 @@ from controlplane.redaction import configured_secrets, redact_data
 from policies_app.decisions import Evaluation, allow_file, decide, record_payload, refuse
 from sessions import admission, services
 from sessions.lifecycle import LifecycleError, not_live
-from sessions.models import CommandRun, Session
+from sessions.models import Artifact, CommandRun, Session
+from sessions.persistence.pack import HELPER_TIMEOUT_S
+from sessions.persistence.services import persistence_of
 from sessions.runner.client import runner_call, runner_send
 from sessions.workspace import WRITE_DEADLINE_S, normalize_path
 
@@ -119,3 +121,41 @@ def file_operation(*, session: Session, op: str, path: str, data: bytes | None =
                   "runner_timeout": 504, "runner_unreachable": 503, "session_busy": 429}.get(reply.get("error"), 400)
         raise BrokerError(reply.get("error", "workspace_error"), reply.get("detail", ""), status)
     return reply.get("data")
+
+
+def artifact_pack(*, session: Session, name: str, paths: list[str], actor: str) -> Artifact:
+    """Pack workspace paths into an artifact through the runner, gated like files (kind
+    `artifact`): paths inside the workspace, a policy that keeps things (persistence enabled)."""
+    request = {"name": name, "paths": paths}
+    secrets = configured_secrets()
+
+    def refused(reason_code: str, message: str, hint: str, rule_id: str | None = None) -> BrokerError:
+        evaluation = refuse(tenant=session.tenant, version=session.policy_version, kind="artifact", request=request,
+                            reason_code=reason_code, message=message, hint=hint, session_id=session.pk,
+                            conversation_id=session.conversation_id, secrets=secrets, rule_id=rule_id)
+        return BrokerError("artifact_denied", evaluation.decision.message, 403, _payload(evaluation))
+
+    roots = []
+    for path in paths:
+        try:
+            roots.append(normalize_path(path))
+        except ValueError as exc:
+            raise refused("path_outside_workspace", f"`{path}`: {exc}", "use paths relative to /workspace without "
+                          "`..`") from None
+    why = not_live(session.state, session.expires_at)
+    if why is not None:
+        evaluation = _not_active(session, why, "artifact", request)
+        raise BrokerError("artifact_denied", evaluation.decision.message, 403, _payload(evaluation))
+    version = session.policy_version
+    if not persistence_of(version.document).enabled:
+        raise refused("default_deny", f"policy `{version.policy.name}` v{version.number} keeps nothing: artifacts "
+                      "need persistence enabled", "a security admin can add `persistence: {enabled: true, "
+                      "retention_days: 7, max_mb: 256}` to the policy", rule_id="persistence.enabled")
+    reply = runner_call(session.runner_id, {"type": "artifact.pack", "session": str(session.pk), "name": name,
+                                            "paths": list(dict.fromkeys(roots)), "actor": actor},
+                        timeout_s=HELPER_TIMEOUT_S + 30)
+    if not reply.get("ok"):
+        status = {"not_found": 404, "too_large": 413, "session_not_active": 409, "runner_timeout": 504,
+                  "runner_unreachable": 503, "session_busy": 429}.get(reply.get("error"), 400)
+        raise BrokerError(reply.get("error", "workspace_error"), reply.get("detail", ""), status)
+    return Artifact.objects.get(pk=reply["artifact"], tenant=session.tenant)

@@ -41,6 +41,7 @@ from policies_app.models import Policy, PolicyVersion
 from sessions import admission, services
 from sessions.events import session_changed_on_commit
 from sessions.models import ACTIVE_STATES, CommandState, Runner, Session, SessionState, hash_token, new_token
+from sessions.persistence import services as persistence
 from sessions.runner.client import NoCapacity, NoRunner, runner_call, runner_pick, runner_send
 from sessions.workspace import allowed_repositories
 
@@ -91,8 +92,10 @@ class Opened:
 
 
 def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repository: str,
-                 actor_label: str) -> Opened:
-    """A session of the policy's published version, on a live runner, with its sandbox ready."""
+                 actor_label: str, persist: bool = False, resume: str = "") -> Opened:
+    """A session of the policy's published version, on a live runner, with its sandbox ready.
+    `persist`: snapshot its workspace when it ends; `resume`: start from a snapshot of this
+    conversation ("latest" or its id), checked in full first (sessions/persistence/services.py)."""
     policy = Policy.objects.filter(tenant=tenant, name=policy_name).first()
     version = policy.published_version() if policy else None
     if version is None:
@@ -101,6 +104,8 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
     version.policy = policy  # the row just read: the session's answer names it
     if repository and repository not in allowed_repositories(tenant.slug):
         raise LifecycleError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)
+    resumed = _resume_claim(tenant=tenant, version=version, conversation_id=conversation_id, persist=persist,
+                            resume=resume) if persist or resume else None
     reserve = admission.reserved_mb(version.document["limits"])
     try:
         runner = runner_pick(reserve)
@@ -111,7 +116,7 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
     try:
         session, token = _create(tenant=tenant, conversation_id=conversation_id, version=version, runner=runner,
                                  created_by=actor_label, repository=repository, reserved_mb=reserve,
-                                 runners_mb=admission.runners_memory_mb())
+                                 runners_mb=admission.runners_memory_mb(), persist=persist, resumed=resumed)
     except _TenantLimit as exc:  # recorded like a denial, once nothing of the session was written
         evaluation = refuse(tenant=tenant, version=version, kind="session", reason_code="tenant_limit",
                             request={"policy": policy_name, "conversation_id": conversation_id},
@@ -126,6 +131,11 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
         session_finish(session_id=session.pk, state=SessionState.FAILED, reason=reply.get("detail", ""))
         if reply.get("error") == "no_capacity":  # the runner's own count: placement raced another open
             raise LifecycleError("no_capacity", reply["detail"], 503)
+        if reply.get("error") in ("provenance_invalid", "provenance_mismatch"):  # the bytes failed a check
+            raise _resume_refused(tenant=tenant, version=version, conversation_id=conversation_id, resume=resume,
+                                  session_id=session.pk, error=persistence.ProvenanceError(
+                                      reply["error"], reply.get("rule_id", "").removeprefix("persistence."),
+                                      reply.get("detail", ""), reply.get("hint", "")))
         chosen_by = (f"policy `{policy.name}` v{version.number} names it in runtime" if services.driver_of(version)[1]
                      else "the deployment's default, AIRLOCK_RUNTIME")
         raise LifecycleError("sandbox_unavailable", f"the sandbox could not start on the {session.driver} driver "
@@ -140,9 +150,47 @@ class _TenantLimit(Exception):
     pass
 
 
+def _resume_claim(*, tenant: Tenant, version: PolicyVersion, conversation_id: str, persist: bool, resume: str):
+    """The snapshot to resume, checked from the database, or a refusal recorded like a denial."""
+    allowed = persistence.persistence_of(version.document)
+    if not allowed.enabled:
+        asked = "persist: true" if persist else "resume"
+        evaluation = refuse(tenant=tenant, version=version, kind="session", rule_id="persistence.enabled",
+                            request={"policy": version.policy.name, "conversation_id": conversation_id,
+                                     "persist": persist, "resume": resume},
+                            reason_code="default_deny", message=f"{asked} needs a policy whose persistence is "
+                            f"enabled, and policy `{version.policy.name}` v{version.number} keeps nothing",
+                            hint="a security admin can add `persistence: {enabled: true, retention_days: 7, "
+                            "max_mb: 256}` to the policy; sessions are ephemeral without it",
+                            conversation_id=conversation_id, secrets=configured_secrets())
+        error = LifecycleError("persistence_denied", evaluation.decision.message, 403)
+        error.decision = record_payload(evaluation.record)
+        raise error
+    if not resume:
+        return None
+    try:
+        return persistence.claim(tenant=tenant, conversation_id=conversation_id, resume=resume,
+                                 policy_name=version.policy.name, policy=allowed)
+    except persistence.ProvenanceError as exc:
+        raise _resume_refused(tenant=tenant, version=version, conversation_id=conversation_id, resume=resume,
+                              session_id=None, error=exc) from None
+
+
+def _resume_refused(*, tenant, version, conversation_id: str, resume: str, session_id,
+                    error: "persistence.ProvenanceError") -> LifecycleError:
+    evaluation = refuse(tenant=tenant, version=version, kind="resume", rule_id=error.rule_id,
+                        request={"resume": resume, "conversation_id": conversation_id},
+                        reason_code=error.reason_code, message=error.message, hint=error.hint,
+                        session_id=session_id, conversation_id=conversation_id, secrets=configured_secrets())
+    refused = LifecycleError("resume_denied", evaluation.decision.message, 403)
+    refused.decision = record_payload(evaluation.record)
+    return refused
+
+
 @transaction.atomic
 def _create(*, tenant: Tenant, conversation_id: str, version: PolicyVersion, runner: Runner, created_by: str,
-            repository: str, reserved_mb: int, runners_mb: int) -> tuple[Session, str]:
+            repository: str, reserved_mb: int, runners_mb: int, persist: bool = False,
+            resumed=None) -> tuple[Session, str]:
     admission.lock_tenant(tenant)
     why = admission.sessions_refusal(tenant, reserved_mb, runners_mb)
     if why is not None:
@@ -152,7 +200,7 @@ def _create(*, tenant: Tenant, conversation_id: str, version: PolicyVersion, run
     session = Session(
         tenant=tenant, conversation_id=conversation_id, policy_version=version, driver=services.driver_of(version)[0],
         runner=runner, token_hash=hash_token(token), workspace_source=repository, created_by=created_by[:100],
-        created_at=now, last_activity_at=now, reserved_mb=reserved_mb,
+        created_at=now, last_activity_at=now, reserved_mb=reserved_mb, persist=persist, resumed_from=resumed,
         expires_at=now + timedelta(seconds=version.document["limits"]["session_ttl_s"]),
     )
     rows.insert([session])

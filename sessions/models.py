@@ -61,6 +61,10 @@ class Session(models.Model):
     reserved_mb = models.PositiveIntegerField(default=0)
     cache_hit = models.BooleanField(null=True)  # the root filesystem was in the local cache
     warm = models.BooleanField(null=True)  # the sandbox came from a warm pool (null: not ready yet)
+    # Persistence (sessions/persistence/): its workspace is snapshotted when it ends; it started from a snapshot.
+    persist = models.BooleanField(default=False)
+    resumed_from = models.ForeignKey("Snapshot", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    snapshot_error = models.CharField(max_length=500, blank=True)  # why its end's snapshot was not taken
     # The last resource figures the runner saw (CPU seconds, memory bytes, disk bytes).
     cpu_s = models.FloatField(null=True, blank=True)
     memory_bytes = models.BigIntegerField(null=True, blank=True)
@@ -130,6 +134,57 @@ class CommandRun(models.Model):
     @property
     def finished(self) -> bool:
         return self.state in FINISHED_COMMAND_STATES
+
+
+class Packed(models.Model):
+    """A tree of workspace files, sealed and stored (sessions/persistence/): the blob is a tar
+    encrypted with a key derived from the tenant's data key; `manifest` lists every file's path,
+    size, mode and SHA-256 and the provenance, signed (`signature`) with another key derived from
+    it. Rows are never edited: a delete removes the row and its blob, audited."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="+")
+    conversation_id = models.CharField(max_length=200)
+    session = models.ForeignKey(Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    manifest = models.JSONField()
+    signature = models.CharField(max_length=64)
+    digest = models.CharField(max_length=64)  # the content's address: SHA-256 of its files' listing
+    blob_name = models.CharField(max_length=300)
+    stored_bytes = models.BigIntegerField()  # the sealed blob
+    plain_bytes = models.BigIntegerField()  # its files' sizes
+    files = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        abstract = True
+        ordering = ["-created_at"]
+
+
+class Snapshot(Packed):
+    """A session's workspace as it ended; the next session of the conversation may resume it."""
+
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta(Packed.Meta):
+        indexes = [models.Index(fields=["tenant", "conversation_id", "created_at"]),
+                   models.Index(fields=["expires_at"])]
+
+    def __str__(self) -> str:
+        return f"snapshot {self.id}"
+
+
+class Artifact(Packed):
+    """Workspace paths a session packed by name, with their provenance."""
+
+    name = models.CharField(max_length=100)
+
+    class Meta(Packed.Meta):
+        indexes = [models.Index(fields=["tenant", "conversation_id", "created_at"]),
+                   models.Index(fields=["expires_at"])]
+
+    def __str__(self) -> str:
+        return f"artifact {self.name} ({self.id})"
 
 
 class Runner(models.Model):

@@ -1,8 +1,11 @@
+import re
+import uuid
+
 from rest_framework import serializers
 
 from controlplane.api.fields import Bool, Int, Slug, Text
 from policies_app.decisions import record_payload
-from sessions.models import CommandRun, Session
+from sessions.models import Artifact, CommandRun, Packed, Session, Snapshot
 
 
 class WorkspaceSerializer(serializers.Serializer):
@@ -14,6 +17,40 @@ class SessionCreateSerializer(serializers.Serializer):
     policy = Slug(max_length=63, default="default", help_text="the policy whose published "
                                    "version the session pins")
     workspace = WorkspaceSerializer(required=False, help_text="start from a filtered checkout; else empty")
+    persist = Bool(default=False, help_text="snapshot the workspace when the session ends (the policy's "
+                   "persistence must be enabled)")
+    resume = Text(max_length=36, required=False, help_text='"latest", or the id of a snapshot of this '
+                  "conversation: the workspace starts as it, once every check holds")
+
+    def validate_resume(self, value: str) -> str:
+        if value != "latest":
+            try:
+                value = str(uuid.UUID(value))
+            except ValueError:
+                raise serializers.ValidationError('give "latest" or a snapshot\'s id') from None
+        return value
+
+    def validate(self, data: dict) -> dict:
+        if data.get("resume") and data.get("workspace"):
+            raise serializers.ValidationError({"resume": "a session starts from a snapshot or from a checkout, "
+                                               "not both"})
+        return data
+
+
+ARTIFACT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+
+
+class ArtifactCreateSerializer(serializers.Serializer):
+    name = Text(max_length=100, help_text="letters, digits, `.`, `_` and `-`, e.g. wheel or test-report")
+    paths = serializers.ListField(child=Text(max_length=1024, trim_whitespace=False), min_length=1, max_length=100,
+                                  help_text="workspace-relative paths of files or directories (a directory: all "
+                                  "of it); links are never followed")
+
+    def validate_name(self, value: str) -> str:
+        if not re.fullmatch(ARTIFACT_NAME, value):
+            raise serializers.ValidationError("use letters, digits, `.`, `_` and `-` (at most 100), starting with a "
+                                              "letter or digit")
+        return value
 
 
 ARGS_CHARS = 256 * 1024  # all arguments together; one command's argv is stored with its decision
@@ -56,7 +93,16 @@ class SessionSerializer(serializers.ModelSerializer):
     class Meta:
         model = Session
         fields = ["id", "conversation_id", "tenant", "state", "state_reason", "policy_version", "driver",
-                  "rootfs_digest", "warm", "created_at", "ready_at", "ended_at", "expires_at", "stream_url"]
+                  "rootfs_digest", "warm", "created_at", "ready_at", "ended_at", "expires_at", "stream_url",
+                  "persist", "resumed_from", "snapshot", "snapshot_error"]
+
+    snapshot = serializers.SerializerMethodField(help_text="the snapshot its end left (persist: true)")
+
+    def get_snapshot(self, session: Session) -> str | None:
+        if not session.persist:
+            return None
+        made = Snapshot.objects.filter(session=session).values_list("pk", flat=True).first()
+        return str(made) if made else None
 
     def get_policy_version(self, session: Session) -> dict:
         version = session.policy_version
@@ -95,3 +141,22 @@ def _when(moment) -> str | None:
 
 
 _DATETIME = serializers.DateTimeField()
+
+
+def packed_body(row: Packed, *, manifest: bool = False) -> dict:
+    """A snapshot or an artifact as the API shows it; with its whole signed manifest on request."""
+    data = row.manifest if isinstance(row.manifest, dict) else {}
+    body = {
+        "id": str(row.pk), "kind": "artifact" if isinstance(row, Artifact) else "snapshot",
+        "conversation_id": row.conversation_id, "session": str(row.session_id) if row.session_id else None,
+        "digest": row.digest, "files": row.files, "bytes": row.plain_bytes, "stored_bytes": row.stored_bytes,
+        "created_at": _when(row.created_at), "expires_at": _when(row.expires_at),
+        "provenance": {key: data.get(key) for key in ("policy_version", "driver", "rootfs_digest", "commands_total")},
+    }
+    if isinstance(row, Artifact):
+        body["name"] = row.name
+    else:
+        body["parent"] = str(row.parent_id) if row.parent_id else None
+    if manifest:
+        body["manifest"], body["signature"] = row.manifest, row.signature
+    return body

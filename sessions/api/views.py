@@ -94,7 +94,8 @@ def session_create(request):
         with admission.waiting_call(request.user.tenant):
             created = lifecycle.session_open(
                 tenant=request.user.tenant, conversation_id=data["conversation_id"], policy_name=data["policy"],
-                repository=data.get("workspace", {}).get("repo", ""), actor_label=actor_label(request.auth))
+                repository=data.get("workspace", {}).get("repo", ""), actor_label=actor_label(request.auth),
+                persist=data["persist"], resume=data.get("resume", ""))
     except (lifecycle.LifecycleError, admission.Refused) as exc:
         return _refused(exc)
     body = s.SessionSerializer(created.session).data

@@ -18,6 +18,7 @@ import secrets
 import socket
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,6 +32,7 @@ from controlplane.threads import close_connections_and_shutdown
 from sessions import layer
 from sessions.models import SessionState, runner_channel
 from sessions.output import CommandOutput
+from sessions.persistence import services as persistence
 from sessions.rate import Rate
 from sessions.runner import housekeeping, local_runner, records, set_local_runner
 from sessions.runner.egress import PoolSlots, SessionEgress
@@ -92,6 +94,7 @@ class LiveSession:
     snapshot_seqs: set = field(default_factory=set)  # sequence numbers snapshots stopped at
     egress: SessionEgress | None = None  # its proxy, when its policy allows egress
     reserved_mb: int = 0  # of the runner's AIRLOCK_RUNNER_MEMORY_MB (sessions/admission.py)
+    persist: bool = False  # its workspace is snapshotted when it ends (sessions/persistence/)
 
 
 class RunnerService:
@@ -217,6 +220,7 @@ class RunnerService:
         handlers = {
             "session.create": self._create, "command.run": self._command, "file.put": self._file,
             "file.get": self._file, "session.release": self._release, "session.snapshot": self._snapshot,
+            "artifact.pack": self._artifact,
         }
         handler = handlers.get(message.get("type"))
         if handler is None:
@@ -229,10 +233,10 @@ class RunnerService:
 
     async def _create(self, message: dict) -> dict:
         session_id = message["session"]
-        spec_info = await self.db(records.sandbox_spec, session_id=session_id)
-        if spec_info is None:
+        opening = await self.db(records.sandbox_spec, session_id=session_id)
+        if opening is None:
             return {"ok": False, "error": "session_not_active", "detail": "the session is not being created"}
-        spec, driver_name, repository, egress = spec_info
+        spec, driver_name, egress = opening.spec, opening.driver, opening.egress
         reserved = sum(other.reserved_mb for other in self.live.values())
         need = message.get("reserved_mb", 0)
         if reserved + need > settings.AIRLOCK_RUNNER_MEMORY_MB:  # exact here: placement raced, or limits grew
@@ -240,7 +244,8 @@ class RunnerService:
                       f"(AIRLOCK_RUNNER_MEMORY_MB); this one needs {need} MB")
             await self.db(records.session_finish, session_id=session_id, state=SessionState.FAILED, reason=detail)
             return {"ok": False, "error": "no_capacity", "detail": detail}
-        live = LiveSession(id=session_id, tenant_id=message["tenant"], driver=None, reserved_mb=need)
+        live = LiveSession(id=session_id, tenant_id=message["tenant"], driver=None, reserved_mb=need,
+                           persist=opening.persist)
         self.live[session_id] = live
         try:
             live.driver = get_driver(driver_name)
@@ -260,9 +265,17 @@ class RunnerService:
                     live.sandbox.spec = spec
             if live.sandbox is None:
                 live.sandbox = await self.blocking(live.driver.create, spec)
-            if repository:
-                await self.blocking(checkout, live.driver, live.sandbox, repository)
+            if opening.repository:
+                await self.blocking(checkout, live.driver, live.sandbox, opening.repository)
+            if opening.resume is not None:  # every byte checked before one is restored
+                await self.blocking(partial(persistence.restore, live.driver, live.sandbox, opening.resume,
+                                            require_rootfs=opening.resume_same_rootfs))
             prepare_ms = round((time.perf_counter() - preparing) * 1000)
+        except persistence.ProvenanceError as exc:
+            await self.db(records.session_finish, session_id=session_id, state=SessionState.FAILED, reason=exc.message)
+            await self.release(session_id)
+            return {"ok": False, "error": exc.reason_code, "rule_id": exc.rule_id, "detail": exc.message,
+                    "hint": exc.hint}
         except (RuntimeUnavailable, SandboxError, WorkspaceError, OSError) as exc:
             detail = getattr(exc, "detail", None) or str(exc)
             await self.db(records.session_finish, session_id=session_id, state=SessionState.FAILED, reason=detail)
@@ -332,6 +345,41 @@ class RunnerService:
         if done is None:
             return {"ok": False, "error": "session_not_active", "detail": "the session is not active on its runner"}
         return done if isinstance(done, dict) else await done
+
+    async def _artifact(self, message: dict) -> dict:
+        """Pack workspace paths into an artifact, in order with the session's other jobs."""
+        async def job(live: LiveSession) -> dict:
+            try:
+                row = await self._take(live, "artifact", message["paths"], name=message["name"],
+                                       actor=message["actor"])
+            except WorkspaceError as exc:
+                return {"ok": False, "error": exc.code, "detail": exc.detail}
+            await self.db(records.session_touch, session_id=live.id)
+            return {"ok": True, "artifact": str(row.pk)}
+
+        done = self._enqueue(message["session"], job, reply_by=message.get("reply_by"))
+        if done is None:
+            return {"ok": False, "error": "session_not_active", "detail": "the session is not active on its runner"}
+        return done if isinstance(done, dict) else await done
+
+    async def _take(self, live: LiveSession, kind: str, roots: list[str], *, actor: str, name: str = ""):
+        """Pack, seal, store and record a snapshot or an artifact of the session's workspace."""
+        plan = await self.db(persistence.plan_for, session_id=live.id, kind=kind, object_id=str(uuid.uuid4()),
+                             name=name)
+        taken = await self.blocking(persistence.take, live.driver, live.sandbox, plan, roots)
+        return await self.db(persistence.record, taken=taken, actor=actor)
+
+    async def _snapshot_at_end(self, live: LiveSession) -> None:
+        """A persistent session that ended or expired leaves its workspace as a snapshot; why not,
+        when it could not, is kept on the session (`snapshot_error`)."""
+        if not live.persist or live.sandbox is None or not await self.db(records.snapshot_wanted, session_id=live.id):
+            return
+        try:
+            await self._take(live, "snapshot", [""], actor=f"session:{live.id}")
+        except Exception as exc:
+            detail = getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}"
+            log.warning("session %s: its snapshot was not taken: %s", live.id, detail)
+            await self.db(records.snapshot_failed, session_id=live.id, detail=f"no snapshot was taken: {detail}")
 
     async def _release(self, message: dict) -> dict:
         await self.release(message["session"])
@@ -452,6 +500,7 @@ class RunnerService:
             if live.worker is not None and not live.worker.done():
                 log.error("session %s: its worker did not stop within 30 s", live.id)
             _answer_queued(live)
+            await self._snapshot_at_end(live)
             if live.sandbox is not None:
                 await self.blocking(self._destroy, live)
         except Exception:

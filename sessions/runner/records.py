@@ -16,7 +16,7 @@ from policies_app.decisions import Evaluation
 from policies_app.document import Limits as document_limits
 from policies_app.models import Policy, PolicyException, PolicyVersion
 from sessions import lifecycle, services
-from sessions.models import ACTIVE_STATES, Runner, Session, SessionState
+from sessions.models import ACTIVE_STATES, Runner, Session, SessionState, Snapshot
 from sessions.output import CommandOutput
 from sessions.runtimes.base import ExitStatus, Limits, SandboxSpec, Stats
 
@@ -112,10 +112,21 @@ def pool_limits(*, driver: str) -> Limits:
     return sandbox_limits(decisions.compiled_version(newest.policy_version).document.limits)
 
 
-def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str, EgressContext | None] | None:
-    """The sandbox a session asks for, its driver, its repository, and its egress (None when its
-    policy allows none: then it gets no proxy, no socket, nothing but its own loopback)."""
-    session = Session.objects.select_related("tenant", "policy_version__policy").filter(
+@dataclass(frozen=True)
+class Opening:
+    """What a session being created asks of its runner."""
+
+    spec: SandboxSpec
+    driver: str
+    repository: str  # an allowlisted repository to check out, or ""
+    egress: EgressContext | None  # None: its policy allows none (no proxy, no socket, its own loopback only)
+    persist: bool  # snapshot the workspace when it ends
+    resume: Snapshot | None  # restore this snapshot (checked again, byte by byte) before it is ready
+    resume_same_rootfs: bool
+
+
+def sandbox_spec(*, session_id) -> Opening | None:
+    session = Session.objects.select_related("tenant", "policy_version__policy", "resumed_from__tenant").filter(
         pk=session_id, state=SessionState.CREATING).first()
     if session is None:
         return None
@@ -131,7 +142,19 @@ def sandbox_spec(*, session_id) -> tuple[SandboxSpec, str, str, EgressContext | 
         tenant=session.tenant.slug, session_id=str(session.pk), limits=sandbox_limits(document.limits),
         env=dict(document.env.set), isolation="gvisor" if session.driver == "gvisor" else "standard",
     )
-    return spec, session.driver, session.workspace_source, egress
+    return Opening(spec=spec, driver=session.driver, repository=session.workspace_source, egress=egress,
+                   persist=session.persist, resume=session.resumed_from,
+                   resume_same_rootfs=document.persistence.resume_same_rootfs)
+
+
+def snapshot_wanted(*, session_id) -> bool:
+    """A persistent session that ended or expired leaves a snapshot; a killed or failed one does not."""
+    return Session.objects.filter(pk=session_id, persist=True,
+                                  state__in=(SessionState.ENDED, SessionState.EXPIRED)).exists()
+
+
+def snapshot_failed(*, session_id, detail: str) -> None:
+    Session.objects.filter(pk=session_id).update(snapshot_error=detail[:500])
 
 
 @dataclass(frozen=True)

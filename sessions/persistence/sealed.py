@@ -1,0 +1,91 @@
+"""A blob's encryption: AES-256-GCM over 1 MiB segments, in the shape of Tink's streaming AEAD.
+
+    header = MAGIC | salt (16) | nonce prefix (7)
+    segment i = AES-GCM(key, nonce = prefix | i (4, big-endian) | last (1), plaintext, aad = header)
+
+The key is derived from the tenant's data key with the salt and the object's id (keys.subkey), so
+no two blobs share a key and a blob copied under another object's name, or another tenant's, does
+not open. Each segment is authenticated on its own; the last one says so in its nonce, so a blob
+cut short, reordered or extended fails too. Encrypting streams (the tar arrives as it is made);
+decrypting is done whole, before anything is restored."""
+
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from controlplane.keys import TenantKey, subkey
+
+MAGIC = b"ALKS1\0"
+SEGMENT = 1 << 20
+TAG = 16
+HEADER = len(MAGIC) + 16 + 7
+
+
+class Unsealable(Exception):
+    """The blob does not open under this tenant's key for this object: altered, cut, or not its own."""
+
+
+def _aead(key: TenantKey, object_id: str, salt: bytes) -> AESGCM:
+    return AESGCM(subkey(key, f"blob\0{object_id}", salt))
+
+
+def _nonce(prefix: bytes, index: int, last: bool) -> bytes:
+    return prefix + index.to_bytes(4, "big") + (b"\1" if last else b"\0")
+
+
+class Sealer:
+    """Feed plaintext, take sealed bytes as they are ready, then `finish()` for the rest."""
+
+    def __init__(self, key: TenantKey, object_id: str):
+        salt, self._prefix = os.urandom(16), os.urandom(7)
+        self.header = MAGIC + salt + self._prefix
+        self._aead = _aead(key, object_id, salt)
+        self._index = 0
+        self._pending = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._pending += data
+        out = []
+        while len(self._pending) > SEGMENT:  # the last segment is sealed by finish(), flagged last
+            out.append(self._seal(bytes(self._pending[:SEGMENT]), last=False))
+            del self._pending[:SEGMENT]
+        return out
+
+    def finish(self) -> bytes:
+        sealed = self._seal(bytes(self._pending), last=True)
+        self._pending = bytearray()
+        return sealed
+
+    def _seal(self, chunk: bytes, *, last: bool) -> bytes:
+        if self._index >= 1 << 32:
+            raise ValueError("a blob holds at most 2**32 segments")
+        sealed = self._aead.encrypt(_nonce(self._prefix, self._index, last), chunk, self.header)
+        self._index += 1
+        return sealed
+
+
+def seal(key: TenantKey, object_id: str, data: bytes) -> bytes:
+    sealer = Sealer(key, object_id)
+    return b"".join([sealer.header, *sealer.feed(data), sealer.finish()])
+
+
+def unseal(key: TenantKey, object_id: str, blob: bytes) -> bytes:
+    """The plaintext, or Unsealable naming the first segment that does not open."""
+    if len(blob) < HEADER + TAG or not blob.startswith(MAGIC):
+        raise Unsealable("the stored blob is not a sealed Airlock blob (its header is missing or altered)")
+    header = blob[:HEADER]
+    aead = _aead(key, object_id, header[len(MAGIC):len(MAGIC) + 16])
+    prefix = header[len(MAGIC) + 16:]
+    body = memoryview(blob)[HEADER:]
+    step = SEGMENT + TAG
+    count = max(1, -(-len(body) // step))
+    parts = []
+    for index in range(count):
+        piece = body[index * step:(index + 1) * step]
+        try:
+            parts.append(aead.decrypt(_nonce(prefix, index, index == count - 1), bytes(piece), header))
+        except InvalidTag:
+            raise Unsealable(f"segment {index} of the stored blob does not authenticate under this tenant's key: "
+                             "the blob was altered, cut short, or belongs to another object") from None
+    return b"".join(parts)

@@ -1,0 +1,343 @@
+"""Taking, checking, restoring, deleting and pruning snapshots and artifacts (docs/architecture.md,
+"Persistence").
+
+Taking one: the runner reads what it needs (`plan_for`, database), packs and seals the workspace
+into storage (`take`, its threads: the sandbox's tar streams through the reader and the sealer,
+never touching the runner's disk in plaintext), then records the signed manifest (`record`).
+
+Resuming one is checked twice, each check named by the decision's rule (`persistence.<check>`):
+the opener checks the claim from the database alone (`claim`: this tenant's and conversation's,
+signed, not expired, the policy's requirements), the runner then checks the bytes before a single
+one reaches the sandbox (`restore`: the signature again, the blob opens under this tenant's key for
+this object, every file's digest, size, mode and path is the manifest's, the root filesystem when
+the policy asks). A failure is a `ProvenanceError`, which the opener records as a denial."""
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.core.files.base import ContentFile
+from django.core.files.storage import storages
+from django.db import transaction
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from controlplane.audit import audit_record
+from controlplane.keys import KeyUnavailable, TenantKey, current_key, key_version
+from controlplane.models import Tenant
+from policies_app.document import Persistence
+from sessions.models import Artifact, CommandRun, Packed, Session, Snapshot
+from sessions.persistence import manifest as mf
+from sessions.persistence.pack import pack, unpack
+from sessions.persistence.sealed import Sealer, Unsealable, unseal
+from sessions.persistence.tarstream import BadTar, TarReader
+from sessions.runtimes.base import Driver, Sandbox
+
+log = logging.getLogger("airlock.persistence")
+KINDS = {"snapshot": Snapshot, "artifact": Artifact}
+
+
+class ProvenanceError(Exception):
+    """A stored tree failed a check: `reason_code` provenance_invalid (altered, forged, expired) or
+    provenance_mismatch (valid, not for this request); `rule_id` names the check."""
+
+    def __init__(self, reason_code: str, check: str, message: str, hint: str = ""):
+        super().__init__(message)
+        self.reason_code, self.rule_id, self.message = reason_code, f"persistence.{check}", message
+        self.hint = hint or ("resume another snapshot of this conversation, or start empty; a security admin can "
+                             "verify this one on the conversation's page")
+
+
+def storage():
+    return storages["persistence"]
+
+
+def persistence_of(document: dict) -> Persistence:
+    return Persistence.model_validate(document.get("persistence") or {})
+
+
+# -- taking ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """What the runner needs to take one, read once from the database."""
+
+    kind: str
+    object_id: str
+    tenant_id: int
+    key: TenantKey
+    manifest: dict  # everything but the files, the skipped and the blob
+    max_bytes: int
+    name: str = ""
+
+
+def plan_for(*, session_id, kind: str, object_id: str, name: str = "") -> Plan:
+    session = Session.objects.select_related("tenant", "policy_version__policy").get(pk=session_id)
+    version = session.policy_version
+    policy = persistence_of(version.document)
+    now = timezone.now()
+    commands = list(CommandRun.objects.filter(session_id=session_id).order_by("created_at")
+                    .values_list("id", "argv", "exit_code", "reason"))
+    manifest = {
+        "v": mf.VERSION, "kind": kind, "id": object_id, "name": name,
+        "tenant": {"id": session.tenant_id, "slug": session.tenant.slug},
+        "conversation_id": session.conversation_id, "session_id": str(session.pk),
+        "parent": str(session.resumed_from_id) if kind == "snapshot" and session.resumed_from_id else None,
+        "commands": [{"id": str(c), "argv": argv, "exit_code": code, "reason": reason}
+                     for c, argv, code, reason in commands[-mf.MAX_COMMANDS:]],
+        "commands_total": len(commands),
+        "policy_version": {"policy": version.policy.name, "number": version.number, "sha256": version.sha256},
+        "driver": session.driver, "rootfs_digest": session.rootfs_digest,
+        "created_at": now.isoformat(), "expires_at": (now + timedelta(days=policy.retention_days)).isoformat(),
+    }
+    return Plan(kind=kind, object_id=object_id, tenant_id=session.tenant_id, key=current_key(session.tenant),
+                manifest=manifest, max_bytes=policy.max_mb * 2**20, name=name)
+
+
+@dataclass(frozen=True)
+class Taken:
+    plan: Plan
+    manifest: dict
+    signature: str
+    blob_name: str
+    stored_bytes: int
+    plain_bytes: int
+
+
+def blob_name(kind: str, tenant_id: int, object_id: str) -> str:
+    return f"t{tenant_id}/{kind}s/{object_id}.alk"
+
+
+def take(driver: Driver, sandbox: Sandbox, plan: Plan, roots: list[str]) -> Taken:
+    """Pack `roots` of the workspace ("" for all of it), seal and store it; nothing is recorded
+    yet (`record` does). A failure stores nothing."""
+    sealer = Sealer(plan.key, plan.object_id)
+    parts = [sealer.header]
+    packed = pack(driver, sandbox, roots, max_bytes=plan.max_bytes, sink=lambda data: parts.extend(sealer.feed(data)))
+    parts.append(sealer.finish())
+    blob = b"".join(parts)
+    parts.clear()
+    name = blob_name(plan.kind, plan.tenant_id, plan.object_id)
+    saved = storage().save(name, ContentFile(blob))
+    if saved != name:  # the store renamed it (a name taken): never two objects under one name
+        storage().delete(saved)
+        raise OSError(f"the storage would not keep {name} under its name")
+    manifest = {**plan.manifest, "files": packed.entries, "skipped": packed.skipped,
+                "digest": mf.content_digest(packed.entries),
+                "blob": {"bytes": len(blob), "key_version": plan.key.version, "format": "tar+aes-256-gcm-1mib"}}
+    return Taken(plan=plan, manifest=manifest, signature=mf.sign(plan.key, manifest), blob_name=name,
+                 stored_bytes=len(blob), plain_bytes=packed.file_bytes)
+
+
+def record(*, taken: Taken, actor: str) -> Packed:
+    """The row of what `take` stored, audited; if it cannot be written, the blob goes."""
+    plan, manifest = taken.plan, taken.manifest
+    model = KINDS[plan.kind]
+    extra = {"name": plan.name} if plan.kind == "artifact" else {"parent_id": manifest["parent"]}
+    try:
+        with transaction.atomic():
+            row = model.objects.create(
+                id=plan.object_id, tenant_id=plan.tenant_id, conversation_id=manifest["conversation_id"],
+                session_id=manifest["session_id"], manifest=manifest, signature=taken.signature,
+                digest=manifest["digest"], blob_name=taken.blob_name, stored_bytes=taken.stored_bytes,
+                plain_bytes=taken.plain_bytes, files=sum(e["type"] == "file" for e in manifest["files"]),
+                created_at=datetime.fromisoformat(manifest["created_at"]),
+                expires_at=datetime.fromisoformat(manifest["expires_at"]), **extra)
+            audit_record(tenant=Tenant.objects.get(pk=plan.tenant_id), actor=actor, action=f"{plan.kind}.created",
+                         target=row, data={"conversation_id": row.conversation_id, "session_id": manifest["session_id"],
+                                           "digest": row.digest, "files": row.files, "bytes": row.plain_bytes})
+    except Exception:
+        discard_blob(taken.blob_name)
+        raise
+    return row
+
+
+def discard_blob(name: str) -> None:
+    try:
+        storage().delete(name)
+    except Exception:  # prune sweeps blobs without a row
+        log.exception("the blob %s could not be deleted; prune_snapshots will sweep it", name)
+
+
+# -- checking --------------------------------------------------------------------------------
+
+def _key_of(row: Packed) -> TenantKey:
+    try:
+        return key_version(row.tenant_id, int((row.manifest.get("blob") or {}).get("key_version", 0)))
+    except (KeyUnavailable, TypeError, ValueError) as exc:
+        raise ProvenanceError("provenance_invalid", "key", f"its data key does not open: {exc}") from None
+
+
+def check_manifest(row: Packed, *, now=None) -> TenantKey:
+    """The checks the database alone allows: signed by this tenant's key, and saying what the row
+    says (tenant, conversation, id), and not past its retention."""
+    key = _key_of(row)
+    manifest = row.manifest if isinstance(row.manifest, dict) else {}
+    if not mf.signature_holds(key, manifest, row.signature):
+        raise ProvenanceError("provenance_invalid", "signature", f"the manifest of {row.id} is not signed by this "
+                              "tenant's key: it was altered, forged, or moved from another tenant")
+    kind = "snapshot" if isinstance(row, Snapshot) else "artifact"
+    if (manifest.get("tenant") or {}).get("id") != row.tenant_id:
+        raise ProvenanceError("provenance_mismatch", "tenant", f"{row.id} was made by another tenant")
+    if manifest.get("conversation_id") != row.conversation_id or manifest.get("id") != str(row.id) \
+            or manifest.get("kind") != kind:
+        raise ProvenanceError("provenance_mismatch", "conversation", f"the signed manifest of {row.id} names another "
+                              "conversation, object or kind than its record")
+    expires = datetime.fromisoformat(manifest["expires_at"])
+    if expires <= (now or timezone.now()):
+        raise ProvenanceError("provenance_invalid", "retention", f"{row.id} expired at {expires.isoformat()} (the "
+                              "policy's persistence.retention_days); it is deleted at the next prune")
+    return key
+
+
+def check_bytes(row: Packed, key: TenantKey) -> bytes:
+    """The stored tar, once it opens under this tenant's key and its listing is the manifest's."""
+    try:
+        with storage().open(row.blob_name, "rb") as handle:
+            blob = handle.read()
+    except (OSError, ValueError) as exc:
+        raise ProvenanceError("provenance_invalid", "blob", f"the stored blob of {row.id} cannot be read: {exc}") \
+            from None
+    try:
+        archive = unseal(key, str(row.id), blob)
+    except Unsealable as exc:
+        raise ProvenanceError("provenance_invalid", "blob", str(exc)) from None
+    reader = TarReader(max_bytes=max(row.plain_bytes, 0))
+    try:
+        reader.feed(archive)
+        entries = reader.close()
+    except BadTar as exc:
+        raise ProvenanceError("provenance_invalid", "digest", f"the stored tar is not well formed: {exc}") from None
+    difference = mf.entries_match(row.manifest, entries)
+    if difference is not None:
+        raise ProvenanceError("provenance_invalid", "digest", difference)
+    return archive
+
+
+def claim(*, tenant: Tenant, conversation_id: str, resume: str, policy_name: str, policy: Persistence) -> Snapshot:
+    """The snapshot a new session asks to resume, checked from the database; or ProvenanceError.
+    Another tenant's id and an id that does not exist are refused alike."""
+    snapshots = Snapshot.objects.filter(tenant=tenant)
+    if resume == "latest":
+        row = snapshots.filter(conversation_id=conversation_id, expires_at__gt=timezone.now()).first()
+        if row is None:
+            raise ProvenanceError("provenance_mismatch", "conversation", f"conversation {conversation_id!r} has no "
+                                  "snapshot to resume", hint="start the session without `resume`; one with "
+                                  "`persist: true` leaves a snapshot when it ends")
+    else:
+        row = snapshots.filter(pk=resume).first()
+        if row is None:
+            raise ProvenanceError("provenance_mismatch", "tenant", f"no snapshot {resume} belongs to tenant "
+                                  f"{tenant.slug}", hint="list this conversation's snapshots with GET "
+                                  "/api/v1/snapshots?conversation_id=…")
+        if row.conversation_id != conversation_id:
+            raise ProvenanceError("provenance_mismatch", "conversation", f"snapshot {resume} belongs to another "
+                                  "conversation; a workspace is never shared between conversations",
+                                  hint="resume a snapshot of this conversation")
+    check_manifest(row)
+    made_under = row.manifest["policy_version"]["policy"]
+    if policy.resume_same_policy and made_under != policy_name:
+        raise ProvenanceError("provenance_mismatch", "same_policy", f"snapshot {row.id} was made under policy "
+                              f"{made_under!r}, and policy {policy_name!r} resumes only its own "
+                              "(persistence.resume_same_policy)")
+    return row
+
+
+def restore(driver: Driver, sandbox: Sandbox, row: Snapshot, *, require_rootfs: bool) -> None:
+    """Check every byte, then unpack into the new session's workspace."""
+    key = check_manifest(row)
+    if require_rootfs and row.manifest.get("rootfs_digest") != sandbox.rootfs_digest:
+        raise ProvenanceError("provenance_mismatch", "same_rootfs", f"snapshot {row.id} was made on root filesystem "
+                              f"{row.manifest.get('rootfs_digest') or 'unknown'}, this session runs "
+                              f"{sandbox.rootfs_digest} (persistence.resume_same_rootfs)")
+    unpack(driver, sandbox, check_bytes(row, key))
+
+
+def verify(row: Packed) -> dict:
+    """Every check, for the Verify action: {valid, check, detail, files}."""
+    try:
+        check_bytes(row, check_manifest(row))
+    except ProvenanceError as exc:
+        return {"valid": False, "reason_code": exc.reason_code, "check": exc.rule_id, "detail": exc.message}
+    return {"valid": True, "reason_code": None, "check": None,
+            "detail": f"signature, tenant, conversation, retention and the digests of its {row.files} files hold"}
+
+
+def download(row: Packed) -> bytes:
+    """The tar, once every check holds (ProvenanceError otherwise)."""
+    return check_bytes(row, check_manifest(row))
+
+
+# -- deleting --------------------------------------------------------------------------------
+
+def delete(row: Packed, *, actor, why: str) -> None:
+    """The row and its audit event in one transaction, then the blob."""
+    kind = "snapshot" if isinstance(row, Snapshot) else "artifact"
+    with transaction.atomic():
+        type(row).objects.filter(pk=row.pk).delete()
+        audit_record(tenant=row.tenant, actor=actor, action=f"{kind}.deleted", target=row,
+                     data={"conversation_id": row.conversation_id, "digest": row.digest, "why": why})
+    transaction.on_commit(lambda: discard_blob(row.blob_name))
+
+
+@dataclass
+class Pruned:
+    snapshots: int = 0
+    artifacts: int = 0
+    blobs: int = 0
+
+
+def prune(*, now=None, sweep_blobs: bool = True) -> Pruned:
+    """Delete what is past its retention (audited, actor `retention`), and blobs with no row
+    older than an hour (left by a crash between storing and recording)."""
+    now = now or timezone.now()
+    result = Pruned()
+    for model, field in ((Snapshot, "snapshots"), (Artifact, "artifacts")):
+        for row in model.objects.filter(expires_at__lte=now).select_related("tenant"):
+            delete(row, actor="retention", why="past its retention")
+            setattr(result, field, getattr(result, field) + 1)
+    if sweep_blobs:
+        result.blobs = _sweep_blobs(now - timedelta(hours=1))
+    return result
+
+
+def _sweep_blobs(before) -> int:
+    store, swept = storage(), 0
+    known = set(Snapshot.objects.values_list("blob_name", flat=True)) | set(
+        Artifact.objects.values_list("blob_name", flat=True))
+    try:
+        tenants, _ = store.listdir("")
+    except (OSError, NotImplementedError):
+        return 0
+    for tenant in tenants:
+        for kind in ("snapshots", "artifacts"):
+            folder = f"{tenant}/{kind}"
+            try:
+                _, names = store.listdir(folder)
+            except (OSError, NotImplementedError):
+                continue
+            for file_name in names:
+                name = f"{folder}/{file_name}"
+                if name in known:
+                    continue
+                try:
+                    if store.get_modified_time(name) < before:
+                        store.delete(name)
+                        swept += 1
+                except (OSError, NotImplementedError):
+                    continue
+    return swept
+
+
+# -- usage -----------------------------------------------------------------------------------
+
+def usage(tenant: Tenant | None = None) -> dict:
+    """{tenant_id: {snapshots, artifacts, bytes}} of what is stored now."""
+    figures: dict[int, dict] = {}
+    for model, kind in ((Snapshot, "snapshots"), (Artifact, "artifacts")):
+        rows = model.objects.all() if tenant is None else model.objects.filter(tenant=tenant)
+        for item in rows.values("tenant_id").annotate(n=Count("id"), stored=Sum("stored_bytes")):
+            entry = figures.setdefault(item["tenant_id"], {"snapshots": 0, "artifacts": 0, "bytes": 0})
+            entry[kind] = item["n"]
+            entry["bytes"] += item["stored"] or 0
+    return figures

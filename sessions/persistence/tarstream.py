@@ -1,0 +1,157 @@
+"""The tar a sandbox writes of its workspace, read as it streams, trusting nothing in it.
+
+Only what the packing program writes is accepted: ustar headers with valid checksums, a pax
+header for a long path, regular files and directories, each path relative, in normal form, UTF-8
+and seen once, the files' sizes within a limit. Anything else (a link, a device, `..`, a header
+that does not add up, a stream cut short) is BadTar. Each file's SHA-256 is taken as its bytes
+pass, without keeping them: the listing (`entries`) is what a manifest records and what a restore
+compares the stored tar with."""
+
+import hashlib
+
+from sessions.workspace import normalize_path
+
+BLOCK = 512
+
+
+class BadTar(Exception):
+    pass
+
+
+class TooLarge(BadTar):
+    pass
+
+
+def _octal(field: bytes, what: str) -> int:
+    text = field.rstrip(b"\0 ").lstrip(b" ")
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise BadTar(f"a header's {what} is not a number") from None
+
+
+class TarReader:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.entries: list[dict] = []
+        self.file_bytes = 0
+        self._seen: set[str] = set()
+        self._buf = bytearray()
+        self._want = BLOCK  # bytes wanted in _buf: a header, or a pax header's data
+        self._pax_size = None  # reading a pax header's data of this size
+        self._path_override = None
+        self._file = None  # the file whose data is passing
+        self._remaining = 0
+        self._skip = 0  # padding after a file's data
+        self._ended = False
+
+    def feed(self, data) -> None:
+        view = memoryview(data)
+        pos, size = 0, len(view)
+        while pos < size:
+            if self._remaining:
+                take = min(self._remaining, size - pos)
+                self._file[1].update(view[pos:pos + take])
+                pos += take
+                self._remaining -= take
+                if not self._remaining:
+                    self._file_done()
+            elif self._skip:
+                take = min(self._skip, size - pos)
+                pos += take
+                self._skip -= take
+            elif self._ended:
+                if any(view[pos:]):
+                    raise BadTar("data after the archive's end")
+                return
+            else:
+                take = min(self._want - len(self._buf), size - pos)
+                self._buf += view[pos:pos + take]
+                pos += take
+                if len(self._buf) == self._want:
+                    block = bytes(self._buf)
+                    self._buf.clear()
+                    self._on_block(block)
+
+    def close(self) -> list[dict]:
+        if not self._ended or self._buf or self._remaining or self._skip:
+            raise BadTar("the archive was cut short")
+        return self.entries
+
+    def _on_block(self, block: bytes) -> None:
+        if self._pax_size is not None:
+            self._pax(block[:self._pax_size])
+            self._pax_size, self._want = None, BLOCK
+            return
+        if not any(block):
+            self._ended = True
+            return
+        checksum = _octal(block[148:156], "checksum")
+        if checksum != sum(block[:148]) + 256 + sum(block[156:]):
+            raise BadTar("a header's checksum does not match")
+        kind = block[156:157]
+        size = _octal(block[124:136], "size")
+        if kind == b"x":
+            if self._path_override is not None or size > 65536:
+                raise BadTar("an unexpected pax header")
+            self._pax_size, self._want = size, -(-size // BLOCK) * BLOCK or BLOCK
+            if size == 0:
+                raise BadTar("an empty pax header")
+            return
+        name = block[:100].split(b"\0", 1)[0]
+        prefix = block[345:500].split(b"\0", 1)[0]
+        raw = self._path_override if self._path_override is not None else (prefix + b"/" + name if prefix else name)
+        self._path_override = None
+        path = self._path(raw)
+        mode = _octal(block[100:108], "mode") & 0o777
+        if kind == b"5":
+            if size:
+                raise BadTar(f"directory {path!r} has a size")
+            self.entries.append({"path": path, "type": "dir", "mode": mode})
+        elif kind in (b"0", b"\0"):
+            self.file_bytes += size
+            if self.file_bytes > self.max_bytes:
+                raise TooLarge(f"the files hold more than {self.max_bytes} bytes")
+            self._file = ({"path": path, "type": "file", "mode": mode, "size": size}, hashlib.sha256())
+            self._remaining = size
+            if size == 0:
+                self._file_done()
+        else:
+            raise BadTar(f"{path!r} is neither a regular file nor a directory")
+
+    def _file_done(self) -> None:
+        entry, digest = self._file
+        entry["sha256"] = digest.hexdigest()
+        self.entries.append(entry)
+        self._file = None
+        self._skip = -entry["size"] % BLOCK
+
+    def _path(self, raw: bytes) -> str:
+        try:
+            text = raw.decode("utf-8").rstrip("/")
+            path = normalize_path(text)
+        except (UnicodeDecodeError, ValueError):
+            raise BadTar(f"a path that is not relative, normal UTF-8: {raw[:200]!r}") from None
+        if path != text or path in self._seen:
+            raise BadTar(f"{path!r} is not in normal form, or appears twice")
+        self._seen.add(path)
+        return path
+
+    def _pax(self, data: bytes) -> None:
+        """Records `<length> <key>=<value>\\n`; only `path` is taken."""
+        pos = 0
+        while pos < len(data):
+            space = data.find(b" ", pos)
+            try:
+                length = int(data[pos:space])
+            except ValueError:
+                raise BadTar("a pax record's length is not a number") from None
+            record = data[space + 1:pos + length]
+            if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
+                raise BadTar("a pax record does not add up")
+            key, _, value = record[:-1].partition(b"=")
+            if key == b"path":
+                self._path_override = value
+            pos += length
+        if self._path_override is None:
+            raise BadTar("a pax header without a path")
