@@ -1,6 +1,7 @@
 """Packing a workspace into a tar, and unpacking one, inside the sandbox as its uid 65534.
 
-`PACK_PROGRAM` (the sandbox's `python3 -I -S`) walks the given workspace paths one directory
+A whole workspace is packed by the sandbox's own GNU tar (`TAR_ARGV`). `PACK_PROGRAM` (the
+sandbox's `python3 -I -S`), for named paths and for a workspace GNU tar cannot read, walks them one directory
 descriptor at a time with O_NOFOLLOW: a symbolic link is never followed, neither as a path's
 component nor as an entry; links, FIFOs, sockets and devices are left out and named on stderr
 (never opened: a FIFO is opened O_NONBLOCK and checked before it is read). It writes regular files
@@ -82,7 +83,7 @@ def add_file(fd, name, path, st):
         if total > limit:
             sys.stderr.write("EFBIG\n")
             sys.exit(3)
-        header(path, stat.S_IMODE(st.st_mode) & 0o777, size, st.st_mtime, b"0")
+        header(path, stat.S_IMODE(st.st_mode), size, st.st_mtime, b"0")
         left = size
         while left:
             piece = os.read(src, min(left, 1 << 20))
@@ -99,7 +100,7 @@ def add_file(fd, name, path, st):
 def add_dir(fd, path, st):
     if path not in written:
         written.add(path)
-        header(path, stat.S_IMODE(st.st_mode) & 0o777, 0, st.st_mtime, b"5")
+        header(path, stat.S_IMODE(st.st_mode), 0, st.st_mtime, b"5")
     names = sorted(os.listdir(fd))
     for name in names:
         encoded = os.fsencode(name)
@@ -149,7 +150,7 @@ try:
             child = os.open(part, DIR, dir_fd=fd)
             if path not in written:
                 written.add(path)
-                header(path, stat.S_IMODE(st.st_mode) & 0o777, 0, st.st_mtime, b"5")
+                header(path, stat.S_IMODE(st.st_mode), 0, st.st_mtime, b"5")
             os.close(fd)
             fd = child
         last = parts[-1]
@@ -187,20 +188,32 @@ def _helper(sandbox: Sandbox, max_output: int) -> Sandbox:
     return dataclasses.replace(sandbox, spec=dataclasses.replace(sandbox.spec, limits=limits))
 
 
+TAR_ARGV = ["/bin/tar", "--create", "--file=-", "--directory", WORKSPACE, "--format=gnu", "--hard-dereference",
+            "--sort=name", "--one-file-system", "."]
+
+
+class Unreadable(Exception):
+    """GNU tar met an entry its owner made unreadable: pack with PACK_PROGRAM instead."""
+
+
 def pack(driver: Driver, sandbox: Sandbox, roots: list[str], *, max_bytes: int,
-         sink: Callable[[bytes], None]) -> Packed:
-    """Tar `roots` (workspace-relative paths; "" for the whole workspace) to `sink`, as it is made,
-    reading it as untrusted on the way. WorkspaceError names what went wrong."""
-    reader = TarReader(max_bytes)
+         sink: Callable[[bytes], None], careful: bool = False) -> Packed:
+    """Tar `roots` (workspace-relative paths; [""] for the whole workspace) to `sink` as it is made,
+    read as untrusted on the way: only regular files and directories reach `sink`. The whole
+    workspace goes through the sandbox's GNU tar (links are archived as links, never followed,
+    and left out here; FIFOs are never read), three times as fast as PACK_PROGRAM, which packs
+    named paths, and a workspace GNU tar cannot read whole (`careful`; Unreadable says so).
+    WorkspaceError names what went wrong."""
+    reader = TarReader(max_bytes, emit=sink)
+    fast = roots == [""] and not careful
+    argv = TAR_ARGV if fast else ["python3", "-I", "-S", "-c", PACK_PROGRAM, str(max_bytes), json.dumps(roots)]
     stderr, status = [], None
-    # The tar is its files plus a header for each entry: room for a million of them past max_bytes.
-    argv = ["python3", "-I", "-S", "-c", PACK_PROGRAM, str(max_bytes), json.dumps(roots)]
     try:
+        # The tar is its files plus a header for each entry: room for a million of them past max_bytes.
         for item in driver.exec(_helper(sandbox, max_bytes + (512 << 20)), argv, cwd=WORKSPACE, egress=False):
             if isinstance(item, Chunk):
                 if item.stream == "stdout":
                     reader.feed(item.data)
-                    sink(item.data)
                 elif sum(map(len, stderr)) < 1 << 20:
                     stderr.append(item.data)
             elif isinstance(item, ExitStatus):
@@ -210,7 +223,9 @@ def pack(driver: Driver, sandbox: Sandbox, roots: list[str], *, max_bytes: int,
     except BadTar as exc:
         raise WorkspaceError("workspace_error", f"the workspace's archive was not well formed: {exc}") from None
     lines = b"".join(stderr).decode(errors="replace").splitlines()
-    if status is None or status.exit_code != 0:
+    if fast and status is not None and status.exit_code == 2 and any("Permission denied" in line for line in lines):
+        raise Unreadable
+    if status is None or status.exit_code not in ((0, 1) if fast else (0,)):  # GNU tar: 1, a file changed
         last = lines[-1] if lines else ""
         code, _, name = last.partition(" ")
         if code in ERRORS:
@@ -222,8 +237,8 @@ def pack(driver: Driver, sandbox: Sandbox, roots: list[str], *, max_bytes: int,
         entries = reader.close()
     except BadTar as exc:
         raise WorkspaceError("workspace_error", f"the workspace's archive was not well formed: {exc}") from None
-    skipped = []
-    for line in lines:
+    skipped = list(reader.skipped)
+    for line in lines if not fast else ():
         try:
             why, path = json.loads(line)
             skipped.append({"path": str(path)[:1024], "why": str(why)[:100]})

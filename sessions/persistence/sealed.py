@@ -7,9 +7,11 @@ The key is derived from the tenant's data key with the salt and the object's id 
 no two blobs share a key and a blob copied under another object's name, or another tenant's, does
 not open. Each segment is authenticated on its own; the last one says so in its nonce, so a blob
 cut short, reordered or extended fails too. Encrypting streams (the tar arrives as it is made);
-decrypting is done whole, before anything is restored."""
+decrypting streams too, and a restore checks all of it before anything is restored."""
 
 import os
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -65,27 +67,25 @@ class Sealer:
         return sealed
 
 
-def seal(key: TenantKey, object_id: str, data: bytes) -> bytes:
-    sealer = Sealer(key, object_id)
-    return b"".join([sealer.header, *sealer.feed(data), sealer.finish()])
-
-
-def unseal(key: TenantKey, object_id: str, blob: bytes) -> bytes:
-    """The plaintext, or Unsealable naming the first segment that does not open."""
-    if len(blob) < HEADER + TAG or not blob.startswith(MAGIC):
+def unseal(key: TenantKey, object_id: str, blob: BinaryIO) -> Iterator[bytes]:
+    """The plaintext, a segment at a time as the blob is read; Unsealable names the first
+    segment that does not open (the plaintext before it has authenticated)."""
+    header = blob.read(HEADER)
+    if len(header) < HEADER or not header.startswith(MAGIC):
         raise Unsealable("the stored blob is not a sealed Airlock blob (its header is missing or altered)")
-    header = blob[:HEADER]
     aead = _aead(key, object_id, header[len(MAGIC):len(MAGIC) + 16])
     prefix = header[len(MAGIC) + 16:]
-    body = memoryview(blob)[HEADER:]
-    step = SEGMENT + TAG
-    count = max(1, -(-len(body) // step))
-    parts = []
-    for index in range(count):
-        piece = body[index * step:(index + 1) * step]
+    piece, index = blob.read(SEGMENT + TAG), 0
+    while True:
+        following = blob.read(SEGMENT + TAG) if len(piece) == SEGMENT + TAG else b""
+        last = not following
+        if len(piece) < TAG or (not last and len(piece) != SEGMENT + TAG):
+            raise Unsealable(f"the stored blob is cut short at segment {index}")
         try:
-            parts.append(aead.decrypt(_nonce(prefix, index, index == count - 1), bytes(piece), header))
+            yield aead.decrypt(_nonce(prefix, index, last), piece, header)
         except InvalidTag:
             raise Unsealable(f"segment {index} of the stored blob does not authenticate under this tenant's key: "
                              "the blob was altered, cut short, or belongs to another object") from None
-    return b"".join(parts)
+        if last:
+            return
+        piece, index = following, index + 1

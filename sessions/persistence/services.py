@@ -13,10 +13,12 @@ this object, every file's digest, size, mode and path is the manifest's, the roo
 the policy asks). A failure is a `ProvenanceError`, which the opener records as a denial."""
 
 import logging
+import queue
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.core.files.base import ContentFile
+from django.core.files.base import File
 from django.core.files.storage import storages
 from django.db import transaction
 from django.db.models import Count, Sum
@@ -28,7 +30,7 @@ from controlplane.models import Tenant
 from policies_app.document import Persistence
 from sessions.models import Artifact, CommandRun, Packed, Session, Snapshot
 from sessions.persistence import manifest as mf
-from sessions.persistence.pack import pack, unpack
+from sessions.persistence.pack import Unreadable, pack, unpack
 from sessions.persistence.sealed import Sealer, Unsealable, unseal
 from sessions.persistence.tarstream import BadTar, TarReader
 from sessions.runtimes.base import Driver, Sandbox
@@ -108,25 +110,129 @@ def blob_name(kind: str, tenant_id: int, object_id: str) -> str:
     return f"t{tenant_id}/{kind}s/{object_id}.alk"
 
 
+class _Stream(File):
+    """What the store reads while the sandbox is still packing: sealed pieces from a queue, in
+    order, until the end (None). It can be read once, front to back."""
+
+    def __init__(self, pieces, header: bytes):
+        super().__init__(None, name="blob")
+        self._pieces, self._rest, self._done, self._header = pieces, b"", False, header
+
+    def _next(self) -> bytes | None:
+        if self._header:
+            header, self._header = self._header, b""
+            return header
+        piece = self._pieces.get()
+        if piece is _ABORT:
+            raise OSError("the packing failed; nothing is stored")
+        return piece
+
+    def chunks(self, chunk_size=None):
+        while (piece := self._next()) is not None:
+            yield piece
+
+    def read(self, size=-1) -> bytes:
+        while not self._done and (size < 0 or len(self._rest) < size):
+            piece = self._next()
+            if piece is None:
+                self._done = True
+            else:
+                self._rest += piece
+        data, self._rest = (self._rest, b"") if size < 0 else (self._rest[:size], self._rest[size:])
+        return data
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+_ABORT = object()
+
+
+class _BlobWriter:
+    """Sealed segments go to storage as they are made, on a thread of their own: the store's
+    writes overlap the sandbox's packing and the runner's hashing and sealing."""
+
+    def __init__(self, name: str, header: bytes):
+        self.name, self.saved, self.error = name, None, None
+        self._header = header
+        self._pieces: queue.Queue = queue.Queue(maxsize=32)
+        self._thread = threading.Thread(target=self._save, name="airlock-blob-writer", daemon=True)
+        self._thread.start()
+
+    def _save(self) -> None:
+        try:
+            self.saved = storage().save(self.name, _Stream(self._pieces, self._header))
+        except BaseException as exc:
+            self.error = exc
+
+    def _hand(self, item) -> bool:
+        """Queue `item` for the writer; False if the writer has stopped."""
+        while self._thread.is_alive():
+            try:
+                self._pieces.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def put(self, piece) -> None:
+        if self.error is not None or not self._hand(piece):
+            raise self.error or OSError("the blob writer stopped")
+
+    def close(self) -> str:
+        self._hand(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        if self.saved != self.name:  # the store renamed it (a name taken): never two objects under one name
+            discard_blob(self.saved)
+            raise OSError(f"the storage would not keep {self.name} under its name")
+        return self.saved
+
+    def abort(self) -> None:
+        self._hand(_ABORT)
+        self._thread.join()
+        if storage().exists(self.name):
+            discard_blob(self.name)
+
+
 def take(driver: Driver, sandbox: Sandbox, plan: Plan, roots: list[str]) -> Taken:
-    """Pack `roots` of the workspace ("" for all of it), seal and store it; nothing is recorded
-    yet (`record` does). A failure stores nothing."""
-    sealer = Sealer(plan.key, plan.object_id)
-    parts = [sealer.header]
-    packed = pack(driver, sandbox, roots, max_bytes=plan.max_bytes, sink=lambda data: parts.extend(sealer.feed(data)))
-    parts.append(sealer.finish())
-    blob = b"".join(parts)
-    parts.clear()
+    """Pack `roots` of the workspace ([""] for all of it), seal and store it as it streams;
+    nothing is recorded yet (`record` does). A failure stores nothing."""
     name = blob_name(plan.kind, plan.tenant_id, plan.object_id)
-    saved = storage().save(name, ContentFile(blob))
-    if saved != name:  # the store renamed it (a name taken): never two objects under one name
-        storage().delete(saved)
-        raise OSError(f"the storage would not keep {name} under its name")
+    careful = False
+    while True:
+        sealer = Sealer(plan.key, plan.object_id)
+        writer, stored = _BlobWriter(name, sealer.header), len(sealer.header)
+
+        def sink(data, sealer=sealer, writer=writer) -> None:
+            nonlocal stored
+            for piece in sealer.feed(data):
+                stored += len(piece)
+                writer.put(piece)
+
+        try:
+            packed = pack(driver, sandbox, roots, max_bytes=plan.max_bytes, sink=sink, careful=careful)
+            last = sealer.finish()
+            stored += len(last)
+            writer.put(last)
+            writer.close()
+        except Unreadable:
+            writer.abort()
+            careful = True  # an entry its owner made unreadable: the careful packer opens it
+            continue
+        except BaseException:
+            writer.abort()
+            raise
+        break
     manifest = {**plan.manifest, "files": packed.entries, "skipped": packed.skipped,
                 "digest": mf.content_digest(packed.entries),
-                "blob": {"bytes": len(blob), "key_version": plan.key.version, "format": "tar+aes-256-gcm-1mib"}}
+                "blob": {"bytes": stored, "key_version": plan.key.version, "format": "tar+aes-256-gcm-1mib"}}
     return Taken(plan=plan, manifest=manifest, signature=mf.sign(plan.key, manifest), blob_name=name,
-                 stored_bytes=len(blob), plain_bytes=packed.file_bytes)
+                 stored_bytes=stored, plain_bytes=packed.file_bytes)
 
 
 def record(*, taken: Taken, actor: str) -> Packed:
@@ -192,22 +298,22 @@ def check_manifest(row: Packed, *, now=None) -> TenantKey:
 
 def check_bytes(row: Packed, key: TenantKey) -> bytes:
     """The stored tar, once it opens under this tenant's key and its listing is the manifest's."""
+    reader = TarReader(max_bytes=max(row.plain_bytes, 0))
+    parts = []
     try:
         with storage().open(row.blob_name, "rb") as handle:
-            blob = handle.read()
+            for part in unseal(key, str(row.id), handle):
+                reader.feed(part)
+                parts.append(part)
+        entries = reader.close()
     except (OSError, ValueError) as exc:
         raise ProvenanceError("provenance_invalid", "blob", f"the stored blob of {row.id} cannot be read: {exc}") \
             from None
-    try:
-        archive = unseal(key, str(row.id), blob)
     except Unsealable as exc:
         raise ProvenanceError("provenance_invalid", "blob", str(exc)) from None
-    reader = TarReader(max_bytes=max(row.plain_bytes, 0))
-    try:
-        reader.feed(archive)
-        entries = reader.close()
     except BadTar as exc:
         raise ProvenanceError("provenance_invalid", "digest", f"the stored tar is not well formed: {exc}") from None
+    archive = b"".join(parts)
     difference = mf.entries_match(row.manifest, entries)
     if difference is not None:
         raise ProvenanceError("provenance_invalid", "digest", difference)

@@ -1,11 +1,13 @@
 """The tar a sandbox writes of its workspace, read as it streams, trusting nothing in it.
 
-Only what the packing program writes is accepted: ustar headers with valid checksums, a pax
-header for a long path, regular files and directories, each path relative, in normal form, UTF-8
-and seen once, the files' sizes within a limit. Anything else (a link, a device, `..`, a header
-that does not add up, a stream cut short) is BadTar. Each file's SHA-256 is taken as its bytes
-pass, without keeping them: the listing (`entries`) is what a manifest records and what a restore
-compares the stored tar with."""
+Accepted: ustar and GNU headers with valid checksums, a pax or GNU long-name header for a long
+path, regular files and directories, each path relative (a leading `./` is dropped, `.` itself
+left out), in normal form, UTF-8 and seen once, the files' sizes within a limit. Links, FIFOs,
+sockets and devices are left out and listed in `skipped`. Anything else (`..`, a header that does
+not add up, a stream cut short) is BadTar. With `emit`, the bytes of what is kept are handed on
+as they pass, so what is stored holds regular files and directories only. Each file's SHA-256 is
+taken as its bytes pass, without keeping them: the listing (`entries`) is what a manifest records
+and what a restore compares the stored tar with."""
 
 import hashlib
 
@@ -31,14 +33,18 @@ def _octal(field: bytes, what: str) -> int:
 
 
 class TarReader:
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, emit=None):
         self.max_bytes = max_bytes
+        self._emit = emit
+        self._held: list[bytes] = []  # a long-name header's blocks, until its entry is kept or left out
         self.entries: list[dict] = []
+        self.skipped: list[dict] = []
         self.file_bytes = 0
         self._seen: set[str] = set()
         self._buf = bytearray()
         self._want = BLOCK  # bytes wanted in _buf: a header, or a pax header's data
-        self._pax_size = None  # reading a pax header's data of this size
+        self._pax_size = None  # reading a long-name header's data of this size
+        self._long_kind = b""
         self._path_override = None
         self._file = None  # the file whose data is passing
         self._remaining = 0
@@ -51,13 +57,18 @@ class TarReader:
         while pos < size:
             if self._remaining:
                 take = min(self._remaining, size - pos)
-                self._file[1].update(view[pos:pos + take])
+                piece = view[pos:pos + take]
+                self._file[1].update(piece)
+                if self._emit is not None:
+                    self._emit(piece)
                 pos += take
                 self._remaining -= take
                 if not self._remaining:
                     self._file_done()
             elif self._skip:
                 take = min(self._skip, size - pos)
+                if self._emit is not None:
+                    self._emit(view[pos:pos + take])
                 pos += take
                 self._skip -= take
             elif self._ended:
@@ -74,13 +85,19 @@ class TarReader:
                     self._on_block(block)
 
     def close(self) -> list[dict]:
-        if not self._ended or self._buf or self._remaining or self._skip:
+        if not self._ended or self._buf or self._remaining or self._skip or self._held:
             raise BadTar("the archive was cut short")
+        if self._emit is not None:
+            self._emit(bytes(2 * BLOCK))
         return self.entries
 
     def _on_block(self, block: bytes) -> None:
         if self._pax_size is not None:
-            self._pax(block[:self._pax_size])
+            self._held.append(block)
+            if self._long_kind == b"L":
+                self._path_override = block[:self._pax_size].split(b"\0", 1)[0]
+            else:
+                self._pax(block[:self._pax_size])
             self._pax_size, self._want = None, BLOCK
             return
         if not any(block):
@@ -91,19 +108,31 @@ class TarReader:
             raise BadTar("a header's checksum does not match")
         kind = block[156:157]
         size = _octal(block[124:136], "size")
-        if kind == b"x":
-            if self._path_override is not None or size > 65536:
-                raise BadTar("an unexpected pax header")
-            self._pax_size, self._want = size, -(-size // BLOCK) * BLOCK or BLOCK
-            if size == 0:
-                raise BadTar("an empty pax header")
+        if kind in (b"x", b"L"):  # a pax header, or GNU tar's long name
+            if self._path_override is not None or self._held or not 0 < size <= 65536:
+                raise BadTar("an unexpected long-name header")
+            self._held.append(block)
+            self._long_kind = kind
+            self._pax_size, self._want = size, -(-size // BLOCK) * BLOCK
             return
         name = block[:100].split(b"\0", 1)[0]
         prefix = block[345:500].split(b"\0", 1)[0]
         raw = self._path_override if self._path_override is not None else (prefix + b"/" + name if prefix else name)
         self._path_override = None
-        path = self._path(raw)
-        mode = _octal(block[100:108], "mode") & 0o777
+        held, self._held = self._held, []
+        if raw in (b".", b"./"):  # the workspace itself
+            return
+        if kind in (b"1", b"2", b"3", b"4", b"6", b"7"):
+            what = {b"1": "a hard link", b"2": "a symbolic link", b"6": "a FIFO"}.get(kind, "a device")
+            self.skipped.append({"path": raw.decode("utf-8", "replace").removeprefix("./")[:1024],
+                                 "why": f"{what} (never followed or read)"})
+            return
+        path = self._path(raw[2:] if raw.startswith(b"./") else raw)
+        mode = _octal(block[100:108], "mode") & 0o7777
+        if self._emit is not None:
+            for piece in held:
+                self._emit(piece)
+            self._emit(block)
         if kind == b"5":
             if size:
                 raise BadTar(f"directory {path!r} has a size")

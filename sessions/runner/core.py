@@ -118,6 +118,7 @@ class RunnerService:
         self._tasks: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
         self.last_reap = 0.0
+        self.last_prune = 0.0
         self._rates: dict[int, Rate] = {}  # of output, one per tenant
         self._rates_lock = threading.Lock()
         self.pools: dict[str, WarmPool] = {}  # warm pools by driver (AIRLOCK_WARM_POOL)

@@ -11,6 +11,7 @@ from functools import partial
 
 from django.conf import settings
 
+from sessions.persistence import services as persistence
 from sessions.runner import records
 from sessions.runner.egress import PoolSlots, egress_root, orphan_directories, orphan_slots, remove_directory
 from sessions.runtimes import get_driver
@@ -56,6 +57,12 @@ async def housekeep_once(runner) -> None:
     dead = await runner.db(records.runners_declare_dead, local_pids_gone=False, exclude=runner.id)
     if dead or time.monotonic() - runner.last_reap > settings.AIRLOCK_RUNNER_REAP_INTERVAL_S:
         await reap(runner)
+    if time.monotonic() - runner.last_prune > settings.AIRLOCK_PRUNE_INTERVAL_S:
+        runner.last_prune = time.monotonic()  # snapshots and artifacts past their retention (audited)
+        pruned = await runner.db(persistence.prune)
+        if pruned.snapshots or pruned.artifacts or pruned.blobs:
+            log.info("runner %s pruned %d snapshots, %d artifacts and %d blobs without a record", runner.id,
+                     pruned.snapshots, pruned.artifacts, pruned.blobs)
     if releases:
         await asyncio.wait(releases)
 

@@ -292,3 +292,15 @@ def test_artifacts_pack_named_paths_with_their_provenance(keeper, globex, make_k
     assert keeper.client.delete(f"/api/v1/artifacts/{artifact['id']}").status_code == 204
     assert not Artifact.objects.filter(pk=artifact["id"]).exists()
     assert AuditEvent.objects.filter(action="artifact.deleted", target_id=artifact["id"]).exists()
+
+
+def test_the_whole_workspace_path_leaves_links_and_fifos_out(keeper):
+    """Without an unreadable entry the sandbox's GNU tar packs it: links and FIFOs are still left out."""
+    first = keeper.open(persist=True)
+    _script(keeper, first, "make.py", MAKE_TREE.replace(b'os.chmod("locked", 0o000)', b""))
+    snapshot = Snapshot.objects.get(pk=_end(keeper, first)["snapshot"])
+    assert {item["path"] for item in snapshot.manifest["skipped"]} == {"pipe", "link", "dirlink"}
+    assert "link" not in {e["path"] for e in snapshot.manifest["files"]}
+    second = _resume(keeper, "latest").json()
+    tree = _tree(keeper, second)
+    assert "pipe" not in tree and "dirlink" not in tree and tree["run.sh"][1] == 0o750
