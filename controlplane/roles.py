@@ -21,6 +21,8 @@ class Role(models.IntegerChoices):
 MINIMUM_ROLE = {
     "read": Role.VIEWER,
     "kill_session": Role.OPERATOR,
+    "download_artifact": Role.OPERATOR,  # snapshots and artifacts hold workspace files
+    "delete_artifact": Role.SECURITY_ADMIN,
     "edit_policy": Role.SECURITY_ADMIN,
     "publish_policy": Role.SECURITY_ADMIN,
     "manage_members": Role.TENANT_ADMIN,

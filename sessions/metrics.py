@@ -18,6 +18,7 @@ from controlplane.models import Tenant
 from policies_app.models import DecisionRecord, DecisionRollup
 from policies_app.rollups import argument_pattern, bucket_of, by_hour
 from sessions.models import CommandRun, CommandState, Runner, Session
+from sessions.persistence import services as persistence
 from sessions.runtimes import POOLED_DRIVERS
 
 MAX_ROWS = 20_000
@@ -56,6 +57,12 @@ class Metrics:
     sessions_by_state: dict = field(default_factory=dict)
     starts_over_time: list = field(default_factory=list)  # [{at, sessions, p95_ms}]
     sampled: bool = False  # more than MAX_ROWS rows: the figures are of the newest ones
+    # What is stored now (snapshots and artifacts, sealed) and what keeping it costs (seed S10's storage cost).
+    stored: dict = field(default_factory=lambda: {"snapshots": 0, "artifacts": 0, "bytes": 0})
+
+    @property
+    def storage_cost_per_month(self) -> float:
+        return self.stored["bytes"] / 1e9 * settings.AIRLOCK_COST_PER_GB_MONTH
 
     @property
     def cache_hit_rate(self) -> float | None:
@@ -86,6 +93,7 @@ def tenant_metrics(tenant: Tenant, since: datetime, until: datetime | None = Non
     metrics.denials_by_reason = {row["reason_code"]: row["n"] for row in denials.order_by("-n")}
     states = Session.objects.filter(tenant=tenant, created_at__gte=since, created_at__lt=until)
     metrics.sessions_by_state = {row["state"]: row["n"] for row in states.values("state").annotate(n=Count("id"))}
+    metrics.stored = persistence.usage(tenant).get(tenant.pk, metrics.stored)
     return metrics
 
 

@@ -63,6 +63,13 @@ class TenantCollector:
                                          labels=["tenant"]),
             "state": GaugeMetricFamily("airlock_sessions", "Sessions by state (all kept sessions)",
                                        labels=["tenant", "state"]),
+            "stored": GaugeMetricFamily("airlock_persistence_stored_bytes", "Sealed bytes of snapshots and "
+                                        "artifacts stored now", labels=["tenant"]),
+            "objects": GaugeMetricFamily("airlock_persistence_objects", "Snapshots and artifacts stored now",
+                                         labels=["tenant", "kind"]),
+            "storage_cost": GaugeMetricFamily("airlock_persistence_cost_per_month", "What keeping them a month "
+                                              f"costs ({settings.AIRLOCK_COST_CURRENCY}, AIRLOCK_COST_PER_GB_MONTH)",
+                                              labels=["tenant"]),
         }
         states = sessions_by_state(self.tenants)
         for tenant in self.tenants:
@@ -85,6 +92,10 @@ class TenantCollector:
                 gauges["denials"].add_metric([slug, reason], count)
             for state, count in sorted(states.get(tenant.pk, {}).items()):
                 gauges["state"].add_metric([slug, state], count)
+            gauges["stored"].add_metric([slug], metrics.stored["bytes"])
+            for kind in ("snapshots", "artifacts"):
+                gauges["objects"].add_metric([slug, kind[:-1]], metrics.stored[kind])
+            gauges["storage_cost"].add_metric([slug], metrics.storage_cost_per_month)
         yield from gauges.values()
         if self.everything:
             reaped = CounterMetricFamily("airlock_sandboxes_reaped", "Orphan sandboxes (no active session) "

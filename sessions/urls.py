@@ -8,4 +8,8 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/", views.session_detail, name="session"),
     path("sessions/<uuid:session_id>/kill", views.session_kill, name="session-kill"),
     path("metrics/", views.metrics_page, name="metrics"),
+    path("conversations/<path:conversation_id>/", views.conversation, name="conversation"),
+    path("stored/<str:kind>/<uuid:object_id>/verify", views.packed_verify, name="packed-verify"),
+    path("stored/<str:kind>/<uuid:object_id>/download", views.packed_download, name="packed-download"),
+    path("stored/<str:kind>/<uuid:object_id>/delete", views.packed_delete, name="packed-delete"),
 ]

@@ -1,10 +1,12 @@
-"""The operator dashboard: the tenant's live sessions, one session's live terminal, Kill, and
-the operations metrics."""
+"""The operator dashboard: the tenant's live sessions, one session's live terminal, Kill, a
+conversation's sessions, snapshots and artifacts (Verify, Download, Delete), and the operations
+metrics."""
 
 
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -14,7 +16,8 @@ from policies_app.denials import PERIODS
 from policies_app.rollups import by_hour
 from sessions import lifecycle, selectors
 from sessions.metrics import tenant_metrics, warm_pools
-from sessions.models import SessionState
+from sessions.models import Artifact, SessionState, Snapshot
+from sessions.persistence import services as persistence
 
 STATE_FILTERS = ["active", *SessionState.values]
 
@@ -92,5 +95,67 @@ def metrics_page(request):
     return render(request, "sessions/metrics.html", {
         "section": "metrics", "periods": PERIODS, "period": period, "m": figures, "charts": charts,
         "pools": warm_pools(), "currency": settings.AIRLOCK_COST_CURRENCY,
-        "rates": {"cpu": settings.AIRLOCK_COST_PER_CPU_SECOND, "mb_hour": settings.AIRLOCK_COST_PER_MB_HOUR},
+        "rates": {"cpu": settings.AIRLOCK_COST_PER_CPU_SECOND, "mb_hour": settings.AIRLOCK_COST_PER_MB_HOUR,
+                  "gb_month": settings.AIRLOCK_COST_PER_GB_MONTH},
     })
+
+
+PACKED = {"snapshots": Snapshot, "artifacts": Artifact}
+
+
+@tenant_view("read")
+def conversation(request, conversation_id: str):
+    """A conversation's sessions, and the snapshots and artifacts they left, with their provenance."""
+    conversation_id = conversation_id[:200]
+    tenant = request.tenant
+    return render(request, "sessions/conversation.html", {
+        "section": "sessions", "conversation_id": conversation_id,
+        "sessions": selectors.session_search(tenant, conversation_id=conversation_id)[:200],
+        "snapshots": Snapshot.objects.filter(tenant=tenant, conversation_id=conversation_id)[:200],
+        "artifacts": Artifact.objects.filter(tenant=tenant, conversation_id=conversation_id)[:200],
+    })
+
+
+def _packed(request, kind: str, object_id):
+    if kind not in PACKED:
+        raise Http404
+    row = PACKED[kind].objects.filter(tenant=request.tenant, pk=object_id).select_related("tenant").first()
+    if row is None:
+        raise Http404(f"no such {kind[:-1]}")
+    return row
+
+
+@require_POST
+@tenant_view("read")
+def packed_verify(request, kind: str, object_id):
+    row = _packed(request, kind, object_id)
+    result = persistence.verify(row)
+    if result["valid"]:
+        messages.success(request, f"{kind[:-1].capitalize()} {row.pk} is valid: {result['detail']}.")
+    else:
+        messages.error(request, f"{kind[:-1].capitalize()} {row.pk} is invalid ({result['reason_code']}, "
+                       f"{result['check']}): {result['detail']}")
+    return redirect("conversation", request.tenant.slug, row.conversation_id)
+
+
+@tenant_view("download_artifact")
+def packed_download(request, kind: str, object_id):
+    row = _packed(request, kind, object_id)
+    try:
+        archive = persistence.download(row)
+    except persistence.ProvenanceError as exc:
+        messages.error(request, f"Not downloaded: it fails a check ({exc.reason_code}, {exc.rule_id}): {exc.message}")
+        return redirect("conversation", request.tenant.slug, row.conversation_id)
+    response = HttpResponse(archive, content_type="application/x-tar")
+    label = getattr(row, "name", "") or kind[:-1]
+    response["Content-Disposition"] = f'attachment; filename="{label}-{row.digest[:12]}.tar"'
+    return response
+
+
+@require_POST
+@tenant_view("delete_artifact")
+def packed_delete(request, kind: str, object_id):
+    row = _packed(request, kind, object_id)
+    persistence.delete(row, actor=request.user, why=f"deleted by {request.user.get_username()}")
+    messages.success(request, f"Deleted {kind[:-1]} {row.pk}.")
+    return redirect("conversation", request.tenant.slug, row.conversation_id)

@@ -27,6 +27,9 @@ filesystem: {workspace: /workspace, arg_paths: workspace_only}
 network:
   egress: allowlist
   allow: ["pypi.org:443", "files.pythonhosted.org:443"]
+# Checkpoints: a session opened with `persist: true` leaves its workspace as a sealed snapshot when
+# it ends; the next session of its conversation may resume it (every file's digest checked first).
+persistence: {enabled: true, retention_days: 7, max_mb: 256}
 tests:
   - request: {bin: pytest, args: ["tests/"]}
     expect: {allowed: true, rule_id: pytest}
