@@ -12,7 +12,8 @@ its transaction commits, `session.state` to the session's subscribers and `sessi
 the tenant's live list. Who moves a session:
 
 - **open** (`creating`): an API key with the `sessions` scope (`session_open`), which places it
-  on the least busy live runner and asks that runner for the sandbox;
+  on the least busy live runner and asks that runner for the sandbox (and, with `resume`, checks
+  the snapshot first; its runner checks the bytes: sessions/persistence/services.py);
 - **ready**: its runner, once the sandbox and workspace exist (`session_ready`);
 - **ended**: its token or its tenant's key (`DELETE`), through `session_stop`;
 - **killed**: an operator or the API, one session or a conversation's (`session_stop`,

@@ -1,5 +1,6 @@
-"""The role matrix: viewer reads; operator also kills sessions; security_admin also edits and
-publishes policies; tenant_admin also manages members and API keys."""
+"""The role matrix: viewer reads; operator also kills sessions and downloads snapshots and
+artifacts; security_admin also edits and publishes policies and deletes snapshots and artifacts;
+tenant_admin also manages members and API keys."""
 
 import pytest
 from django.urls import reverse
@@ -9,8 +10,9 @@ from controlplane.roles import MINIMUM_ROLE, Role, can
 
 MATRIX = {
     Role.VIEWER: {"read"},
-    Role.OPERATOR: {"read", "kill_session"},
-    Role.SECURITY_ADMIN: {"read", "kill_session", "edit_policy", "publish_policy"},
+    Role.OPERATOR: {"read", "kill_session", "download_artifact"},
+    Role.SECURITY_ADMIN: {"read", "kill_session", "download_artifact", "edit_policy", "publish_policy",
+                          "delete_artifact"},
     Role.TENANT_ADMIN: set(MINIMUM_ROLE),
 }
 
@@ -91,3 +93,12 @@ def test_a_bad_role_name_is_a_form_error_not_a_crash(alice, client_for):
     response = client_for(alice).post(reverse("member-add", args=["acme"]), {"username": "x", "role": "root"})
     assert response.status_code == 400
     assert not Membership.objects.filter(user__username="x").exists()
+
+
+def test_stored_workspaces_are_downloaded_by_operators_and_deleted_by_security_admins(acme, make_member, client_for):
+    some = "00000000-0000-4000-8000-000000000000"
+    for role, download, delete in ((Role.VIEWER, 403, 403), (Role.OPERATOR, 404, 403),
+                                   (Role.SECURITY_ADMIN, 404, 404)):
+        client = client_for(make_member(acme, f"user{role}", role))
+        assert client.get(f"/t/acme/stored/snapshots/{some}/download").status_code == download
+        assert client.post(f"/t/acme/stored/artifacts/{some}/delete").status_code == delete
