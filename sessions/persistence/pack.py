@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from sessions.persistence.tarstream import BadTar, TarReader, TooLarge
 from sessions.runtimes.base import WORKSPACE, Chunk, Driver, ExitStatus, Sandbox
+from sessions.workspace import ERRORS as FILE_ERRORS
 from sessions.workspace import WorkspaceError
 
 HELPER_TIMEOUT_S = 300  # packing or unpacking a large workspace: longer than a command may take
@@ -166,17 +167,13 @@ except OSError as exc:
 """
 UNPACK_ARGV = ["/bin/tar", "--extract", "--file=-", "--directory", WORKSPACE, "--preserve-permissions",
                "--no-same-owner", "--no-overwrite-dir", "--warning=no-timestamp"]
-ERRORS = {
-    "ENOENT": ("not_found", "no such path in the workspace"),
-    "ELOOP": ("symlink_refused", "the path goes through a symbolic link; links are never followed"),
-    "ENOTDIR": ("not_a_directory", "a component of the path is not a directory"),
-    "EACCES": ("permission_denied", "the sandbox's user may not read this path"),
-    "EFBIG": ("too_large", "the files are larger than the policy's persistence.max_mb"),
-}
+# The packer's errors, as the workspace's file operations name them (one table), and its own.
+ERRORS = {**{name: FILE_ERRORS[name] for name in ("ENOENT", "ELOOP", "ENOTDIR", "EACCES")},
+          "EFBIG": ("too_large", "the files are larger than the policy's persistence.max_mb")}
 
 
 @dataclasses.dataclass
-class Packed:
+class PackResult:
     entries: list[dict]  # {path, type: file | dir, mode, size?, sha256?}
     skipped: list[dict]  # {path, why}
     file_bytes: int
@@ -197,7 +194,7 @@ class Unreadable(Exception):
 
 
 def pack(driver: Driver, sandbox: Sandbox, roots: list[str], *, max_bytes: int,
-         sink: Callable[[bytes], None], careful: bool = False) -> Packed:
+         sink: Callable[[bytes], None], careful: bool = False) -> PackResult:
     """Tar `roots` (workspace-relative paths; [""] for the whole workspace) to `sink` as it is made,
     read as untrusted on the way: only regular files and directories reach `sink`. The whole
     workspace goes through the sandbox's GNU tar (links are archived as links, never followed,
@@ -244,7 +241,7 @@ def pack(driver: Driver, sandbox: Sandbox, roots: list[str], *, max_bytes: int,
             skipped.append({"path": str(path)[:1024], "why": str(why)[:100]})
         except (ValueError, TypeError):
             continue
-    return Packed(entries=entries, skipped=skipped[:1000], file_bytes=reader.file_bytes)
+    return PackResult(entries=entries, skipped=skipped[:1000], file_bytes=reader.file_bytes)
 
 
 def unpack(driver: Driver, sandbox: Sandbox, archive: bytes) -> None:
