@@ -93,12 +93,13 @@ def _payload(evaluation: Evaluation) -> dict:
     return record_payload(evaluation.record)
 
 
-def file_operation(*, session: Session, op: str, path: str, data: bytes | None = None) -> bytes | None:
-    """Read or write one workspace file through the runner, gated like a command (kind `file`)."""
+def file_operation(*, session: Session, op: str, path: str, data: bytes | None = None) -> bytes | dict | None:
+    """Read (`get`), write (`put`) or list (`list`: a directory, `.` the whole workspace) workspace
+    files through the runner, gated like a command (kind `file`)."""
     request = {"op": op, "path": path, "bytes": len(data) if data is not None else None}
     secrets = configured_secrets()
     try:
-        relative = normalize_path(path)
+        relative = "." if op == "list" and path in {"", "."} else normalize_path(path)
     except ValueError as exc:
         evaluation = refuse(tenant=session.tenant, version=session.policy_version, kind="file", request=request,
                             reason_code="path_outside_workspace", message=f"`{path}`: {exc}",

@@ -13,6 +13,7 @@ no partial file (docs/architecture.md, "Workspace files")."""
 
 import fnmatch
 import io
+import json
 import posixpath
 import subprocess
 import tarfile
@@ -24,8 +25,9 @@ from django.conf import settings
 from sessions.runtimes.base import WORKSPACE, Chunk, Driver, ExitStatus, Sandbox
 
 MAX_PATH = 1024
+MAX_LIST_ENTRIES = 10_000
 FILE_PROGRAM = r"""
-import errno, os, secrets, signal, stat, sys, tarfile, time
+import errno, json, os, secrets, signal, stat, sys, tarfile, time
 op, path, limit, deadline = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 TEMP = ".airlock-put-"
@@ -64,7 +66,7 @@ def parent_fd(parts, create):
     return fd
 
 try:
-    parts = path.split("/")
+    parts = [] if path == "." else path.split("/")
     if op == "put":  # `limit` is the exact length of the new content
         fd = parent_fd(parts[:-1], True)
         name, mode = parts[-1], 0o644
@@ -119,6 +121,30 @@ try:
             sys.stderr.write("EFBIG")
             sys.exit(3)
         sys.stdout.buffer.write(data)
+    elif op == "list":  # `limit` is the most entries told; links are listed, never followed
+        top = parent_fd(parts, False)
+        entries, truncated = [], False
+        for root, dirs, files, fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            depth = root.count("/")
+            for name in sorted(dirs + files):
+                if name.startswith(TEMP):
+                    continue
+                if len(entries) == limit:
+                    truncated = True
+                    break
+                info = os.lstat(name, dir_fd=fd)
+                kind = ("dir" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode)
+                        else "symlink" if stat.S_ISLNK(info.st_mode) else "other")
+                entries.append({"path": os.path.normpath(os.path.join(path, root, name)), "type": kind,
+                                "size": info.st_size if kind == "file" else None,
+                                "mode": oct(stat.S_IMODE(info.st_mode)), "mtime": int(info.st_mtime)})
+            if truncated:
+                break
+            dirs.sort()
+            if depth >= 32:
+                dirs[:] = []  # deeper than this is not walked (and says so)
+                truncated = truncated or bool(dirs)
+        sys.stdout.write(json.dumps({"entries": entries, "truncated": truncated}))
     elif op == "untar":
         # The archive was built by the control plane (regular files and directories, relative
         # names without `..`); bookworm's Python predates extraction filters.
@@ -205,6 +231,12 @@ def file_put(driver: Driver, sandbox: Sandbox, path: str, data: bytes, *, deadli
 
 def file_get(driver: Driver, sandbox: Sandbox, path: str, *, max_bytes: int) -> bytes:
     return _run(driver, sandbox, "get", normalize_path(path), limit=max_bytes)
+
+
+def file_list(driver: Driver, sandbox: Sandbox, path: str, *, max_entries: int = MAX_LIST_ENTRIES) -> dict:
+    """`{entries: [{path, type, size, mode, mtime}], truncated}` under a directory (`.`: the
+    whole workspace), depth first, sorted by name; symbolic links are listed, not followed."""
+    return json.loads(_run(driver, sandbox, "list", "." if path == "." else normalize_path(path), limit=max_entries))
 
 
 # -- checkout of an allowlisted repository --------------------------------------------------

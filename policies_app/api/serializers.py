@@ -57,6 +57,11 @@ class VersionCreateSerializer(serializers.Serializer):
     note = Text(required=False, allow_blank=True, default="", max_length=2000)
 
 
+class ReviewSerializer(serializers.Serializer):
+    source = Text(trim_whitespace=False, max_length=200_000)
+    replay = serializers.BooleanField(default=False, help_text="also re-judge the recent recorded requests")
+
+
 class NoteSerializer(serializers.Serializer):
     note = Text(max_length=2000)
 

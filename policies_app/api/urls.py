@@ -16,5 +16,6 @@ urlpatterns = [
     path("policies/<slug:name>/versions/<int:number>/replay", views.version_replay, name="api-policy-replay"),
     path("policies/<slug:name>/rollback", views.policy_rollback, name="api-policy-rollback"),
     path("policies/<slug:name>/shadow", views.policy_shadow, name="api-policy-shadow"),
+    path("policies/<slug:name>/review", views.policy_review, name="api-policy-review"),
     path("policies/<slug:name>/evaluate", views.policy_evaluate, name="api-policy-evaluate"),
 ]

@@ -24,6 +24,7 @@ from policies_app.exceptions import exception_revoke as revoke
 from policies_app.insights import insights
 from policies_app.lint import lint
 from policies_app.models import DecisionRecord
+from policies_app.review import review
 
 READ = [HasScope.of("policies:read")]
 WRITE = [HasScope.of("policies:write")]
@@ -135,6 +136,30 @@ def version_replay(request, name: str, number: int):
     data = _valid(s.ReplaySerializer, request)
     result = replay(policy=version.policy, compiled=compiled_version(version), limit=data["limit"])
     return Response(asdict(result))
+
+
+@extend_schema(request=s.ReviewSerializer, responses=OpenApiTypes.OBJECT,
+               summary="A document checked without saving it: errors, lint, its own tests, the diff against the "
+               "published version and, with `replay`, what recent requests it would judge otherwise")
+@api_view(["POST"])
+@permission_classes(READ)
+def policy_review(request, name: str):
+    """What the editor shows; the CLI's `policy lint|test|diff`. An invalid document is a 400
+    `invalid_policy` with its errors at their lines, as when saving it."""
+    policy = selectors.policy_get(_tenant(request), name)
+    data = _valid(s.ReviewSerializer, request)
+    result = review(policy=policy, source=data["source"], with_replay=data["replay"])
+    diff = [asdict(line) for line in result.diff]
+    if result.document is None:
+        return Response({"error": "invalid_policy", "detail": f"the document has {len(result.errors)} error(s)",
+                         "errors": result.errors, "diff": diff}, status=status.HTTP_400_BAD_REQUEST)
+    published = policy.published_version()
+    return Response({
+        "sha256": result.document.sha256(), "published": published.number if published else None,
+        "lint": [asdict(warning) for warning in result.warnings],
+        "tests": [asdict(outcome) for outcome in result.tests], "tests_failed": result.tests_failed,
+        "diff": diff, "replay": asdict(result.replay) if result.replay else None,
+    })
 
 
 @extend_schema(request=s.EvaluateSerializer, responses=s.DecisionSerializer)

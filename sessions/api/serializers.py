@@ -53,6 +53,25 @@ class ArtifactCreateSerializer(serializers.Serializer):
         return value
 
 
+class FileListParams(serializers.Serializer):
+    path = Text(max_length=1024, default=".", trim_whitespace=False,
+                help_text="a workspace-relative directory; `.` (the default) lists the whole workspace")
+
+
+class FileEntrySerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="workspace-relative")
+    type = serializers.ChoiceField(choices=["file", "dir", "symlink", "other"])
+    size = serializers.IntegerField(allow_null=True, help_text="bytes, for a regular file")
+    mode = serializers.CharField(help_text="permission bits in octal, e.g. 0o644")
+    mtime = serializers.IntegerField(help_text="seconds since the epoch")
+
+
+class FileListSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    entries = FileEntrySerializer(many=True)
+    truncated = serializers.BooleanField(help_text="more entries than were listed (10,000), or deeper than 32 levels")
+
+
 ARGS_CHARS = 256 * 1024  # all arguments together; one command's argv is stored with its decision
 
 

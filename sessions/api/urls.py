@@ -8,6 +8,7 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/kill", views.session_kill, name="api-session-kill"),
     path("sessions/<uuid:session_id>/commands", views.commands, name="api-session-commands"),
     path("sessions/<uuid:session_id>/commands/<uuid:command_id>", views.command_detail, name="api-session-command"),
+    path("sessions/<uuid:session_id>/files", views.session_files, name="api-session-files"),
     path("sessions/<uuid:session_id>/files/<path:path>", views.session_file, name="api-session-file"),
     path("sessions/<uuid:session_id>/artifacts", persistence.session_artifacts, name="api-session-artifacts"),
     *[item for kind, view in persistence.views.items() for item in (

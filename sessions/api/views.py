@@ -168,6 +168,25 @@ def command_detail(request, session_id, command_id):
 
 
 @waits_for_runner
+@extend_schema(parameters=[s.FileListParams], responses=s.FileListSerializer)
+@api_view(["GET"])
+@authentication_classes(AUTH)
+@permission_classes([IsAuthenticated])
+def session_files(request, session_id):
+    """The files under `path` (default: the whole workspace), depth first, at most 10,000."""
+    session = session_for(request, session_id)
+    params = s.FileListParams(data=request.query_params)
+    params.is_valid(raise_exception=True)
+    path = params.validated_data["path"]
+    try:
+        with admission.waiting_call(session.tenant):
+            listing = broker.file_operation(session=session, op="list", path=path)
+    except (broker.BrokerError, admission.Refused) as exc:
+        return _refused(exc)
+    return Response({"path": path, **listing})
+
+
+@waits_for_runner
 @extend_schema(methods=["PUT"], request={"application/octet-stream": OpenApiTypes.BINARY}, responses={204: None})
 @extend_schema(methods=["GET"], responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
 @api_view(["GET", "PUT"])

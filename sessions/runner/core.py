@@ -40,7 +40,7 @@ from sessions.runner.outbox import Outbox
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import Chunk, Driver, ExitStatus, RuntimeUnavailable, Sandbox, SandboxError, Stats
 from sessions.runtimes.pool import WarmPool
-from sessions.workspace import WRITE_DEADLINE_S, WorkspaceError, checkout, file_get, file_put
+from sessions.workspace import WRITE_DEADLINE_S, WorkspaceError, checkout, file_get, file_list, file_put
 
 log = logging.getLogger("airlock.runner")
 REPLY_GRACE_S = 1  # for clocks of hosts that differ a little
@@ -220,8 +220,8 @@ class RunnerService:
         """Do what one message asks and return the reply: {ok: true, …} or {ok: false, error, detail}."""
         handlers = {
             "session.create": self._create, "command.run": self._command, "file.put": self._file,
-            "file.get": self._file, "session.release": self._release, "session.snapshot": self._snapshot,
-            "artifact.pack": self._artifact,
+            "file.get": self._file, "file.list": self._file, "session.release": self._release,
+            "session.snapshot": self._snapshot, "artifact.pack": self._artifact,
         }
         handler = handlers.get(message.get("type"))
         if handler is None:
@@ -330,6 +330,8 @@ class RunnerService:
             deadline = min(message.get("deadline", float("inf")), time.time() + WRITE_DEADLINE_S)
             work = lambda live: self.blocking(  # noqa: E731
                 lambda: file_put(live.driver, live.sandbox, message["path"], message["data"], deadline=deadline))
+        elif message["type"] == "file.list":
+            work = lambda live: self.blocking(lambda: file_list(live.driver, live.sandbox, message["path"]))  # noqa: E731
         else:
             work = lambda live: self.blocking(  # noqa: E731
                 lambda: file_get(live.driver, live.sandbox, message["path"], max_bytes=settings.AIRLOCK_MAX_FILE_BYTES))

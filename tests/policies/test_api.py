@@ -104,3 +104,18 @@ def test_evaluate_judges_an_egress_request_too(writer):
     decision = post(writer, "/api/v1/policies/default/evaluate",
                     {"kind": "egress", "request": {"host": "pypi.org", "port": 443}}).json()
     assert decision["reason_code"] == "egress_denied" and decision["allowed"] is False
+
+
+def test_review_checks_a_document_without_saving_it(writer, reader):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    post(writer, "/api/v1/policies/default/versions", {"source": V1})
+    post(writer, "/api/v1/policies/default/versions/1/publish", {"note": "go"})
+    candidate = V1.replace("^-c", "^-p")
+    body = post(reader, "/api/v1/policies/default/review", {"source": candidate}).json()
+    assert body["published"] == 1 and body["tests_failed"] == 1
+    assert body["tests"][0]["got"]["allowed"] is True and body["tests"][0]["expected"]["allowed"] is False
+    assert {"kind": "del", "text": '-  - {id: pytest, bin: pytest, deny_args: ["^-c"]}'} in body["diff"]
+    invalid = post(reader, "/api/v1/policies/default/review", {"source": "commands:\n  - {id: x, bin: /bin/sh}\n"})
+    assert invalid.status_code == 400 and invalid.json()["errors"][0]["line"] == 2
+    assert reader.get("/api/v1/policies/default").json()["versions"][0]["number"] == 1  # nothing was saved
+    assert post(reader, "/api/v1/policies/nothing/review", {"source": V1}).status_code == 404

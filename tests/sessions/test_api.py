@@ -259,6 +259,33 @@ def test_a_write_keeps_the_mode_of_the_file_it_replaces(agent):
     assert agent.get(session, "run.py").content == b"print('v2')\n"
 
 
+def test_a_listing_shows_the_workspace_as_it_is_and_follows_no_link(agent):
+    session = agent.open()
+    agent.put(session, "src/app/main.py", b"print(1)\n")
+    agent.put(session, "plant.py", b"import os\nos.symlink('/etc', 'etc')\nos.mkfifo('pipe')\n"
+                                   b"open('.airlock-put-0123456789abcdef', 'w').write('half')\n")
+    assert agent.run(session, "python3", "plant.py").json()["exit_code"] == 0
+    files = agent.as_session(session)
+    listing = files.get(f"/api/v1/sessions/{session['id']}/files")
+    assert listing.status_code == 200, listing.content
+    body = listing.json()
+    kinds = {entry["path"]: entry["type"] for entry in body["entries"]}
+    assert kinds == {"etc": "symlink", "pipe": "other", "plant.py": "file", "src": "dir", "src/app": "dir",
+                     "src/app/main.py": "file"}  # /etc not walked, the write's leftover not shown
+    assert body["truncated"] is False
+    assert next(e for e in body["entries"] if e["path"] == "src/app/main.py")["size"] == 9
+    under = files.get(f"/api/v1/sessions/{session['id']}/files", {"path": "src"}).json()
+    assert [entry["path"] for entry in under["entries"]] == ["src/app", "src/app/main.py"]
+    through_link = files.get(f"/api/v1/sessions/{session['id']}/files", {"path": "etc"})
+    assert through_link.status_code == 400 and through_link.json()["error"] == "symlink_refused"
+    not_a_directory = files.get(f"/api/v1/sessions/{session['id']}/files", {"path": "plant.py"})
+    assert not_a_directory.status_code == 400 and not_a_directory.json()["error"] == "not_a_directory"
+    outside = files.get(f"/api/v1/sessions/{session['id']}/files", {"path": "../"})
+    assert outside.status_code == 403 and outside.json()["decision"]["reason_code"] == "path_outside_workspace"
+    missing = files.get(f"/api/v1/sessions/{session['id']}/files", {"path": "nothing"})
+    assert missing.status_code == 404
+
+
 def test_a_fifo_or_socket_in_the_workspace_is_neither_read_nor_replaced(agent):
     session = agent.open()
     agent.put(session, "make.py", b"import os, socket\nos.mkfifo('pipe')\n"
