@@ -1,9 +1,10 @@
 """WebSockets: a session's live stream, and a tenant's live session list.
 
-`/ws/sessions/<id>/` admits a signed-in member of the session's tenant (any role), or the
-session's own token, sent as the subprotocol `airlock.token.<token>` beside `airlock.v1` or as a
-first message `{"type": "auth", "token": …}` within AUTH_WAIT_S. Never in the URL, where logs
-would keep it. Anyone else is closed with 4403.
+`/ws/sessions/<id>/` admits a signed-in member of the session's tenant (any role), the
+session's own token, or an API key of its tenant with the scope `sessions`, sent as the
+subprotocol `airlock.token.<token>` beside `airlock.v1` or as a first message
+`{"type": "auth", "token": …}` within AUTH_WAIT_S. Never in the URL, where logs would keep it.
+Anyone else is closed with 4403.
 
 A late subscriber first gets the session's state and recent commands, then the running
 command's tail so far (a snapshot from the runner), then live events. Output events carry
@@ -29,7 +30,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.models import Membership
+from controlplane.api.auth import ApiKeyFailed, api_key_for
+from controlplane.models import ApiKey, Membership
 from sessions.lifecycle import not_live
 from sessions.models import CommandState, Session, runner_channel, session_group, tenant_group
 from sessions.selectors import session_by_token
@@ -71,6 +73,16 @@ def _session_for_user(user, session_id) -> Session | None:
 
 @database_sync_to_async
 def _session_for_token(token: str, session_id) -> Session | None:
+    """A session token's own live session, or a session of an API key's tenant when the key has
+    the scope `sessions` (what the CLI holds: it reaches those sessions through the API too)."""
+    if token.startswith(ApiKey.PREFIX):
+        try:
+            api_key = api_key_for(token)
+        except ApiKeyFailed:
+            return None
+        if "sessions" not in api_key.scopes:
+            return None
+        return Session.objects.filter(pk=session_id, tenant_id=api_key.tenant_id).select_related("tenant").first()
     session = session_by_token(token) if token.startswith("ast_") else None
     if session is None or str(session.pk) != str(session_id):
         return None

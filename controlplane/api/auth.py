@@ -42,22 +42,28 @@ class ApiKeyAuthentication(BaseAuthentication):
             return None
         if header[0].lower() != self.keyword or len(header) != 2:
             raise ApiKeyFailed("malformed_credentials", "use the header 'Authorization: Bearer <key>'")
-        token = header[1].decode("latin-1")
-        prefix, secret = _split_key(token)
-        api_key = api_key_by_prefix(prefix) if prefix else None
-        if api_key is None or not api_key.secret_matches(secret):
-            raise ApiKeyFailed("invalid_key", "the API key is not valid")
-        now = timezone.now()
-        state = api_key.state_at(now)
-        if state == "revoked":
-            raise ApiKeyFailed("revoked_key", "the API key was revoked; ask a tenant admin for a new one")
-        if state == "expired":
-            raise ApiKeyFailed("expired_key", "the API key expired; ask a tenant admin for a new one")
-        api_key_touch(api_key=api_key, now=now, interval_s=settings.AIRLOCK_KEY_TOUCH_INTERVAL_S)
+        api_key = api_key_for(header[1].decode("latin-1"))
         return ApiPrincipal(api_key), api_key
 
     def authenticate_header(self, request) -> str:
         return 'Bearer realm="airlock"'
+
+
+def api_key_for(token: str) -> ApiKey:
+    """The live key a token is, or ApiKeyFailed saying why not (an API request's, or a session
+    stream's: sessions/consumers.py)."""
+    prefix, secret = _split_key(token)
+    api_key = api_key_by_prefix(prefix) if prefix else None
+    if api_key is None or not api_key.secret_matches(secret):
+        raise ApiKeyFailed("invalid_key", "the API key is not valid")
+    now = timezone.now()
+    state = api_key.state_at(now)
+    if state == "revoked":
+        raise ApiKeyFailed("revoked_key", "the API key was revoked; ask a tenant admin for a new one")
+    if state == "expired":
+        raise ApiKeyFailed("expired_key", "the API key expired; ask a tenant admin for a new one")
+    api_key_touch(api_key=api_key, now=now, interval_s=settings.AIRLOCK_KEY_TOUCH_INTERVAL_S)
+    return api_key
 
 
 def _split_key(token: str) -> tuple[str, str]:

@@ -5,7 +5,7 @@ from rest_framework import serializers
 
 from controlplane.api.fields import Bool, Int, Slug, Text
 from policies_app.decisions import record_payload
-from sessions.models import Artifact, CommandRun, Packed, Session, Snapshot
+from sessions.models import Artifact, CommandRun, Packed, Session, SessionState, Snapshot
 
 
 class WorkspaceSerializer(serializers.Serializer):
@@ -51,6 +51,12 @@ class ArtifactCreateSerializer(serializers.Serializer):
             raise serializers.ValidationError("use letters, digits, `.`, `_` and `-` (at most 100), starting with a "
                                               "letter or digit")
         return value
+
+
+class SessionListParams(serializers.Serializer):
+    state = serializers.ChoiceField(choices=["", "active", *SessionState.values], default="", required=False,
+                                    help_text="active: starting or ready; or one state")
+    conversation_id = Text(max_length=200, default="", required=False, allow_blank=True)
 
 
 class FileListParams(serializers.Serializer):

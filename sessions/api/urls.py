@@ -3,7 +3,7 @@ from django.urls import path
 from sessions.api import persistence, views
 
 urlpatterns = [
-    path("sessions", views.session_create, name="api-sessions"),
+    path("sessions", views.sessions, name="api-sessions"),
     path("sessions/<uuid:session_id>", views.session_detail, name="api-session"),
     path("sessions/<uuid:session_id>/kill", views.session_kill, name="api-session-kill"),
     path("sessions/<uuid:session_id>/commands", views.commands, name="api-session-commands"),

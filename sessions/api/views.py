@@ -23,7 +23,7 @@ from sessions import admission, broker, lifecycle
 from sessions.api import serializers as s
 from sessions.api.auth import SessionTokenAuthentication, session_for
 from sessions.models import SessionState
-from sessions.selectors import command_get, command_list
+from sessions.selectors import command_get, command_list, session_search
 
 AUTH = [SessionTokenAuthentication, ApiKeyAuthentication]
 # Views that wait for a runner (a command with `wait`, a sandbox being created or destroyed) run
@@ -80,13 +80,20 @@ class FileTooLarge(exceptions.APIException):
 
 
 @waits_for_runner
-@extend_schema(request=s.SessionCreateSerializer, responses={201: s.SessionSerializer})
-@api_view(["POST"])
+@extend_schema(methods=["POST"], request=s.SessionCreateSerializer, responses={201: s.SessionSerializer})
+@extend_schema(methods=["GET"], parameters=[s.SessionListParams], responses=s.SessionSerializer(many=True),
+               summary="The tenant's sessions, newest first (at most 200)")
+@api_view(["GET", "POST"])
 @authentication_classes(AUTH)
 @permission_classes([IsAuthenticated])
-def session_create(request):
+def sessions(request):
     if not isinstance(request.user, ApiPrincipal) or "sessions" not in request.user.scopes:
-        raise exceptions.PermissionDenied("creating a session needs an API key with the scope 'sessions'")
+        raise exceptions.PermissionDenied("listing or creating sessions needs an API key with the scope 'sessions'")
+    if request.method == "GET":
+        params = s.SessionListParams(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        found = session_search(request.user.tenant, **params.validated_data).order_by("-created_at")[:200]
+        return Response(s.SessionSerializer(found, many=True).data)
     serializer = s.SessionCreateSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
     data = serializer.validated_data

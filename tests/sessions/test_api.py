@@ -615,3 +615,16 @@ def test_a_session_queues_at_most_sixteen_jobs_behind_its_running_one(agent):
     states = [(c.state, c.reason) for c in (CommandRun.objects.get(pk=pk) for pk in queued)]
     assert states[:MAX_QUEUED] == [("exited", "exited")] * MAX_QUEUED
     assert states[MAX_QUEUED] == ("failed", "session busy")
+
+
+def test_a_key_lists_its_tenants_sessions_newest_first_and_filters_them(agent, globex, make_key, api):
+    first, second = agent.open(conversation_id="conv-a"), agent.open(conversation_id="conv-b")
+    agent.client.delete(f"/api/v1/sessions/{first['id']}")
+    listed = agent.client.get("/api/v1/sessions").json()
+    assert [item["id"] for item in listed] == [second["id"], first["id"]] and "token" not in listed[0]
+    assert [item["id"] for item in agent.client.get("/api/v1/sessions", {"state": "active"}).json()] == [second["id"]]
+    assert [item["id"] for item in agent.client.get("/api/v1/sessions", {"conversation_id": "conv-a"}).json()] == [
+        first["id"]]
+    bad = agent.client.get("/api/v1/sessions", {"state": "sideways"})
+    assert bad.status_code == 400 and "state" in bad.json()["fields"]
+    assert api(make_key(globex).key).get("/api/v1/sessions").json() == []

@@ -139,6 +139,22 @@ async def test_outsiders_are_closed_with_4403(async_agent, globex, make_member, 
     await socket.disconnect()
 
 
+async def test_an_api_key_of_the_tenant_with_the_sessions_scope_may_watch(async_agent, acme, globex, make_key):
+    from controlplane.models import ApiKeyScope
+
+    session = await sync_to_async(async_agent.open)()
+    socket = communicator(session, token=async_agent.key)
+    assert (await socket.connect())[0]
+    assert (await socket.receive_json_from(timeout=5))["event"] == "session.state"
+    await socket.disconnect()
+    read_only = await sync_to_async(make_key)(acme, scopes=[ApiKeyScope.POLICIES_READ], name="reader")
+    foreign = await sync_to_async(make_key)(globex, scopes=[ApiKeyScope.SESSIONS], name="globex")
+    for key in (read_only.key, foreign.key, async_agent.key[:-2] + "xx"):
+        socket = communicator(session, token=key)
+        assert (await socket.connect())[0]
+        assert (await socket.receive_output(timeout=5))["code"] == 4403, key
+
+
 async def test_output_that_cannot_be_delivered_becomes_a_lagged_marker(async_agent, monkeypatch):
     monkeypatch.setattr(outbox, "OUTBOX_CHARS", 1)  # every piece of output overflows the outbox
     session = await sync_to_async(async_agent.open)()
