@@ -8,6 +8,8 @@ from controlplane import services
 from controlplane.models import ApiKeyScope
 from controlplane.roles import Role
 
+pytest_plugins = ["tests.live"]  # demo_server: a real server, for the browser, SDK, CLI and MCP tests
+
 
 @pytest.fixture(autouse=True)
 def _fast_hasher(settings):

@@ -25,8 +25,8 @@ from websockets.sync.client import connect
 
 from sessions.lifecycle import RELEASE_TIMEOUT_S
 from sessions.runtimes.bubblewrap import BubblewrapDriver
-from tests.browser.conftest import _free_port, _wait_until_listening
 from tests.http import call_api
+from tests.live import _free_port, _wait_until_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS = ("127.0.0.1", 6379)

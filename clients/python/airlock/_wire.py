@@ -1,0 +1,174 @@
+"""What the sync and async clients share, free of any I/O: the requests each call makes, how an
+answer becomes a value or a typed error, when to retry, and how a session's event stream is
+sorted into each command's output and end. client.py and aio.py only move the bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from airlock.errors import AirlockError, error_for
+from airlock.models import Output
+
+VERSION = "0.1.0"
+USER_AGENT = f"airlock-sdk/{VERSION}"
+SUBPROTOCOL = "airlock.v1"
+TOKEN_PROTOCOL = "airlock.token."  # noqa: S105 - a prefix, not a secret
+RETRIED = {429, 503}  # refused before anything happened: safe to send again, whatever the method
+WAIT_MARGIN_S = 60  # a waiting call's read timeout: the command's own timeout and this much more
+BUFFERED_EVENTS = 10_000  # output kept for commands nobody is waiting on yet, per session stream
+
+
+def settings(url: str | None, api_key: str | None) -> tuple[str, str]:
+    """The server's URL and the API key: given, or AIRLOCK_URL and AIRLOCK_API_KEY."""
+    url = url or os.environ.get("AIRLOCK_URL", "")
+    api_key = api_key or os.environ.get("AIRLOCK_API_KEY", "")
+    if not url:
+        raise AirlockError("configuration", "no server URL: pass url= or set AIRLOCK_URL (e.g. http://127.0.0.1:8000)")
+    if urlsplit(url).scheme not in {"http", "https"}:
+        raise AirlockError("configuration", f"AIRLOCK_URL must start with http:// or https://, not {url!r}")
+    if not api_key:
+        raise AirlockError("configuration", "no API key: pass api_key= or set AIRLOCK_API_KEY (alk_…)")
+    return url.rstrip("/"), api_key
+
+
+def stream_url(base_url: str, session_id: str) -> str:
+    parts = urlsplit(base_url)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    return urlunsplit((scheme, parts.netloc, f"{parts.path}/ws/sessions/{session_id}/", "", ""))
+
+
+def subprotocols(credential: str) -> list[str]:
+    return [SUBPROTOCOL, TOKEN_PROTOCOL + credential]
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How often and how long to wait before sending a refused (429, 503) or unsent (connection
+    failed) request again: `backoff_s` doubling up to `max_backoff_s`, or the server's Retry-After."""
+
+    attempts: int = 4
+    backoff_s: float = 0.25
+    max_backoff_s: float = 4.0
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float | None:
+        """Seconds to wait before attempt `attempt + 1`, or None: no more attempts."""
+        if attempt + 1 >= self.attempts:
+            return None
+        try:
+            hinted = float(retry_after) if retry_after is not None else None
+        except ValueError:
+            hinted = None
+        return min(hinted if hinted is not None else self.backoff_s * 2**attempt, self.max_backoff_s)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request; `answer` says how to read its body: json, bytes or none."""
+
+    method: str
+    path: str
+    json: Any = None
+    content: bytes | None = None
+    params: dict[str, Any] | None = None
+    answer: str = "json"
+    read_timeout: float | None = None  # None: the client's own
+
+
+def outcome(call: Call, status: int, headers: Any, content: bytes) -> Any:
+    """The value an answer carries, or the typed error it is."""
+    if status >= 400:
+        try:
+            body = json.loads(content) if content else {}
+        except ValueError:
+            body = {"error": f"http_{status}", "detail": content[:200].decode(errors="replace")}
+        raise error_for(status, body, headers.get("retry-after"))
+    if call.answer == "bytes":
+        return content
+    if call.answer == "none" or not content:
+        return None
+    return json.loads(content)
+
+
+def file_path(session_id: str, path: str) -> str:
+    """The file's URL, each segment escaped: `.` and `..` too, so that no URL normalisation on
+    the way turns `../commands` into another endpoint (the server refuses them, with a decision)."""
+    relative = path.removeprefix("/workspace/") if path.startswith("/workspace/") else path
+    segments = [quote(part, safe="").replace(".", "%2E") if part in {".", ".."} else quote(part, safe="")
+                for part in relative.split("/")]
+    return f"/api/v1/sessions/{session_id}/files/{'/'.join(segments)}"
+
+
+def command_call(session_id: str, bin_name: str, args: list[str] | tuple[str, ...], *, cwd: str | None,
+                 timeout_s: int | None, wait: bool) -> Call:
+    body: dict[str, Any] = {"bin": bin_name, "args": list(args), "wait": wait}
+    if cwd is not None:
+        body["cwd"] = cwd
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
+    read_timeout = (timeout_s or 3600) + WAIT_MARGIN_S if wait else None
+    return Call("POST", f"/api/v1/sessions/{session_id}/commands", json=body, read_timeout=read_timeout)
+
+
+def session_body(conversation_id: str, policy: str | None, repo: str | None, persist: bool,
+                 resume: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"conversation_id": conversation_id, "persist": persist}
+    if policy:
+        body["policy"] = policy
+    if repo:
+        body["workspace"] = {"repo": repo}
+    if resume:
+        body["resume"] = resume
+    return body
+
+
+ENDED = {"ended", "killed", "expired", "failed"}
+
+
+@dataclass
+class Demux:
+    """A session's stream, sorted by command: output waits in order until its command is
+    waited on, and each command's end is kept. A session that ended ends every wait on it."""
+
+    output: dict[str, deque[Output]] = field(default_factory=lambda: defaultdict(deque))
+    exited: dict[str, dict[str, Any]] = field(default_factory=dict)
+    session_over: str | None = None  # the state it ended in
+    lagged: int = 0  # pieces of output the server could not deliver (the stored tail has them)
+    buffered: int = 0
+
+    def feed(self, text: str | bytes) -> None:
+        try:
+            event = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        kind, command = event.get("event"), event.get("command")
+        if kind == "command.output" and isinstance(command, str) and not event.get("snapshot"):
+            if self.buffered >= BUFFERED_EVENTS:
+                self.lagged += 1
+                return
+            self.output[command].append(Output(str(event.get("stream", "stdout")), str(event.get("data", ""))))
+            self.buffered += 1
+        elif kind == "command.exited" and isinstance(command, str):
+            self.exited[command] = event
+        elif kind == "lagged":
+            self.lagged += int(event.get("missed") or 1)
+        elif kind == "session.state":
+            for known in event.get("commands") or []:
+                if known.get("state") not in {"queued", "running"}:
+                    self.exited.setdefault(str(known.get("command")), known)
+            if event.get("state") in ENDED:
+                self.session_over = str(event["state"])
+
+    def take(self, command: str) -> list[Output]:
+        pieces = list(self.output.pop(command, ()))
+        self.buffered -= len(pieces)
+        return pieces
+
+    def over(self, command: str) -> bool:
+        return command in self.exited or self.session_over is not None

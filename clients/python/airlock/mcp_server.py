@@ -1,0 +1,198 @@
+"""`airlock mcp`: Airlock's sandbox as MCP tools, on the official MCP SDK (`mcp`), over stdio or
+streamable HTTP. Each MCP session gets one Airlock session, opened at its first tool call and
+ended when the MCP session closes (stdio: the client goes; HTTP: the client's DELETE, the MCP
+session's idle timeout, or the server stopping). A policy's denial is a tool error whose text
+carries the reason code and the hint, for the model to read and act on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from airlock.aio import AsyncAirlock, AsyncSession
+from airlock.errors import AirlockError, Denied
+
+SESSION_HEADER = "mcp-session-id"
+IDLE_TIMEOUT_S = 1800.0
+READ_LIMIT_CHARS = 100_000
+INSTRUCTIONS = (
+    "Run programs in an isolated Airlock sandbox whose policy decides what may run. The workspace is /workspace: "
+    "write files there, run commands, read results. A denied command comes back as an error with a reason code "
+    "and a hint: follow the hint (another program, other arguments), do not retry the same command.")
+
+
+@dataclass
+class Entry:
+    session: AsyncSession | None = None
+    used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Sessions:
+    """The Airlock session of each MCP session, by key (`stdio`, or the MCP session id)."""
+
+    def __init__(self, client: AsyncAirlock, *, policy: str | None, conversation_id: str | None):
+        self.client, self.policy, self.conversation_id = client, policy, conversation_id
+        self.entries: dict[str, Entry] = {}
+
+    async def get(self, key: str) -> AsyncSession:
+        entry = self.entries.setdefault(key, Entry())
+        entry.used = time.monotonic()
+        async with entry.lock:  # two first calls at once open one session
+            if entry.session is None:
+                conversation = self.conversation_id or f"mcp-{key if key != 'stdio' else uuid.uuid4().hex[:12]}"
+                entry.session = await self.client.sessions.create(conversation, self.policy)
+        return entry.session
+
+    async def close(self, key: str) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is not None and entry.session is not None:
+            with contextlib.suppress(AirlockError):
+                await entry.session.__aexit__(None, None, None)
+
+    async def close_idle(self, idle_s: float) -> None:
+        now = time.monotonic()
+        for key in [key for key, entry in self.entries.items() if now - entry.used > idle_s]:
+            await self.close(key)
+
+    async def close_all(self) -> None:
+        for key in list(self.entries):
+            await self.close(key)
+
+
+def _key(ctx: Context) -> str:
+    request = ctx.request_context.request
+    headers = getattr(request, "headers", None)
+    return (headers.get(SESSION_HEADER) if headers is not None else None) or "stdio"
+
+
+def _tool_error(exc: AirlockError) -> ToolError:
+    if isinstance(exc, Denied):
+        text = f"denied: {exc.reason_code}: {exc.message}"
+        return ToolError(f"{text}. hint: {exc.hint}" if exc.hint else text)
+    return ToolError(f"{exc.code}: {exc.detail}" if exc.detail else exc.code)
+
+
+def build(client: AsyncAirlock, *, policy: str | None = None,
+          conversation_id: str | None = None) -> tuple[MCPServer, Sessions]:
+    registry = Sessions(client, policy=policy, conversation_id=conversation_id)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: MCPServer) -> AsyncIterator[Sessions]:
+        try:
+            yield registry
+        finally:  # the client went (stdio) or the server stops: every sandbox goes with it
+            with anyio.CancelScope(shield=True):
+                await registry.close_all()
+
+    server = MCPServer("airlock", instructions=INSTRUCTIONS, lifespan=lifespan)
+
+    async def session_of(ctx: Context) -> AsyncSession:
+        try:
+            return await registry.get(_key(ctx))
+        except AirlockError as exc:
+            raise _tool_error(exc) from None
+
+    @server.tool(description="Run one program in the sandbox (no shell: a program name and its arguments) and "
+                 "return its exit code, how it ended and the tail of its output. The policy decides what may run; "
+                 "a denial is an error carrying the reason and a hint.")
+    async def run_command(
+        bin: Annotated[str, Field(description="the program, a bare name such as pytest or python3")],
+        ctx: Context,
+        args: Annotated[list[str] | None, Field(description="its arguments, one string each")] = None,
+        cwd: Annotated[str, Field(description="the working directory, inside /workspace")] = "/workspace",
+        timeout_s: Annotated[int | None, Field(ge=1, description="seconds; at most the policy's limit")] = None,
+    ) -> dict[str, Any]:
+        session = await session_of(ctx)
+        try:
+            result = await session.run(bin, args or [], cwd=cwd, timeout_s=timeout_s)
+        except AirlockError as exc:
+            raise _tool_error(exc) from None
+        return {"exit_code": result.exit_code, "reason": result.reason, "output": result.output,
+                "truncated": result.truncated, "duration_ms": result.duration_ms}
+
+    @server.tool(description="Write a text file in the workspace, creating its directories; replaces the file "
+                 "whole and atomically.")
+    async def write_file(
+        path: Annotated[str, Field(description="relative to /workspace, e.g. tests/test_app.py")],
+        content: Annotated[str, Field(description="the whole new content, UTF-8")],
+        ctx: Context,
+    ) -> str:
+        session = await session_of(ctx)
+        try:
+            await session.files.write(path, content)
+        except AirlockError as exc:
+            raise _tool_error(exc) from None
+        return f"wrote {len(content.encode())} bytes to {path}"
+
+    @server.tool(description=f"Read a file of the workspace as text (at most {READ_LIMIT_CHARS} characters; "
+                 "what is not UTF-8 is replaced).")
+    async def read_file(
+        path: Annotated[str, Field(description="relative to /workspace")],
+        ctx: Context,
+    ) -> str:
+        session = await session_of(ctx)
+        try:
+            data = await session.files.read(path)
+        except AirlockError as exc:
+            raise _tool_error(exc) from None
+        text = data.decode(errors="replace")
+        if len(text) > READ_LIMIT_CHARS:
+            return text[:READ_LIMIT_CHARS] + f"\n[… {len(text) - READ_LIMIT_CHARS} more characters not shown]"
+        return text
+
+    @server.tool(description="List the files under a directory of the workspace (default: all of it), one per "
+                 "line: type, size in bytes, path. Links are listed, never followed.")
+    async def list_files(
+        ctx: Context,
+        path: Annotated[str, Field(description="a directory relative to /workspace; . for all")] = ".",
+    ) -> str:
+        session = await session_of(ctx)
+        try:
+            entries = await session.files.list(path)
+        except AirlockError as exc:
+            raise _tool_error(exc) from None
+        lines = [f"{entry.type}\t{entry.size if entry.size is not None else '-'}\t{entry.path}" for entry in entries]
+        return "\n".join(lines) if lines else "(empty)"
+
+    return server, registry
+
+
+def http_app(server: MCPServer, registry: Sessions, *, idle_timeout_s: float = IDLE_TIMEOUT_S) -> Any:
+    """The streamable HTTP app, and the end of an MCP session (its DELETE, its idle timeout)
+    ending its Airlock session too."""
+    app = server.streamable_http_app(session_idle_timeout=idle_timeout_s)
+
+    async def wrapped(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await registry.close_idle(idle_timeout_s)
+            if scope["method"] == "DELETE":
+                key = dict(scope.get("headers") or []).get(SESSION_HEADER.encode())
+                if key:
+                    await registry.close(key.decode("latin-1"))
+        await app(scope, receive, send)
+
+    return wrapped
+
+
+def serve(*, url: str | None, api_key: str | None, transport: str = "stdio", host: str = "127.0.0.1",
+          port: int = 8765, policy: str | None = None, conversation_id: str | None = None) -> int:
+    client = AsyncAirlock(url, api_key)
+    server, registry = build(client, policy=policy, conversation_id=conversation_id)
+    if transport == "stdio":
+        anyio.run(server.run_stdio_async)
+        return 0
+    import uvicorn
+
+    uvicorn.run(http_app(server, registry), host=host, port=port, log_level="warning", lifespan="on")
+    return 0
