@@ -254,7 +254,8 @@ def mcp(client: Airlock, args: argparse.Namespace) -> int:
         return _usage(f"`airlock mcp` needs the MCP SDK: pip install 'airlock-sdk[mcp]' ({exc})")
     client.close()
     return mcp_server.serve(url=args.url, api_key=args.api_key, transport=args.transport, host=args.host,
-                            port=args.port, policy=args.policy, conversation_id=args.conversation)
+                            port=args.port, policy=args.policy, conversation_id=args.conversation,
+                            idle_timeout_s=args.idle_timeout)
 
 
 # -- the parser ----------------------------------------------------------------------------------
@@ -338,6 +339,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8765, help="for http")
     serve.add_argument("--policy", help="the policy of the sessions it opens (default: default)")
     serve.add_argument("--conversation", help="the conversation id of its sessions (default: one per MCP session)")
+    serve.add_argument("--idle-timeout", type=float, default=1800.0, metavar="SECONDS",
+                       help="end an Airlock session unused this long (default: 1800)")
     serve.set_defaults(run=mcp)
     return top
 

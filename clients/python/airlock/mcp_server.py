@@ -1,8 +1,14 @@
 """`airlock mcp`: Airlock's sandbox as MCP tools, on the official MCP SDK (`mcp`), over stdio or
-streamable HTTP. Each MCP session gets one Airlock session, opened at its first tool call and
-ended when the MCP session closes (stdio: the client goes; HTTP: the client's DELETE, the MCP
-session's idle timeout, or the server stopping). A policy's denial is a tool error whose text
-carries the reason code and the hint, for the model to read and act on."""
+streamable HTTP. A denial is a tool error whose text carries the reason code and the hint, for
+the model to read and act on.
+
+One Airlock session per MCP session. Over stdio the MCP session is the process: its Airlock
+session opens at the first tool call and ends when the client goes. Over HTTP, a client that
+holds an `Mcp-Session-Id` (protocol revisions up to 2025-11-25) gets one Airlock session per MCP
+session, ended by its DELETE; revision 2026-07-28 has no MCP sessions at all (each request stands
+alone), so there every result carries `session_id` and a call that passes it back reaches the
+same workspace. Either way an Airlock session idle for `--idle-timeout` seconds is ended, and all
+of them when the server stops."""
 
 from __future__ import annotations
 
@@ -27,8 +33,11 @@ IDLE_TIMEOUT_S = 1800.0
 READ_LIMIT_CHARS = 100_000
 INSTRUCTIONS = (
     "Run programs in an isolated Airlock sandbox whose policy decides what may run. The workspace is /workspace: "
-    "write files there, run commands, read results. A denied command comes back as an error with a reason code "
-    "and a hint: follow the hint (another program, other arguments), do not retry the same command.")
+    "write files there, run commands, read results. Pass back the `session_id` a result gave you to keep using the "
+    "same workspace. A denied command comes back as an error with a reason code and a hint: follow the hint "
+    "(another program, other arguments); do not retry the same command.")
+SessionArg = Annotated[str | None, Field(description="the session_id an earlier result gave; leave it out to use "
+                                                     "this MCP session's (a new one if there is none)")]
 
 
 @dataclass
@@ -45,14 +54,29 @@ class Sessions:
         self.client, self.policy, self.conversation_id = client, policy, conversation_id
         self.entries: dict[str, Entry] = {}
 
-    async def get(self, key: str) -> AsyncSession:
-        entry = self.entries.setdefault(key, Entry())
+    async def get(self, key: str | None, session_id: str | None = None) -> tuple[str, AsyncSession]:
+        """The key and Airlock session a call reaches: `session_id`'s, if this server opened it;
+        else its MCP session's (`key`), opened now if need be. No key (a stateless request): a
+        new session, its id the key."""
+        if session_id:
+            entry = self.entries.get(session_id) or next(
+                (entry for entry in self.entries.values() if entry.session and entry.session.id == session_id), None)
+            if entry is None:
+                raise ToolError(f"unknown_session: {session_id} is not a session this server opened (or it ended "
+                                "after being idle); leave session_id out to open a new one")
+            key = next(k for k, e in self.entries.items() if e is entry)
+        else:
+            key = key or f"call-{uuid.uuid4().hex}"
+            entry = self.entries.setdefault(key, Entry())
         entry.used = time.monotonic()
         async with entry.lock:  # two first calls at once open one session
             if entry.session is None:
-                conversation = self.conversation_id or f"mcp-{key if key != 'stdio' else uuid.uuid4().hex[:12]}"
+                conversation = self.conversation_id or f"mcp-{uuid.uuid4().hex[:12]}"
                 entry.session = await self.client.sessions.create(conversation, self.policy)
-        return entry.session
+        if key.startswith("call-"):  # stateless: found again by its session's id
+            self.entries[entry.session.id] = self.entries.pop(key)
+            key = entry.session.id
+        return key, entry.session
 
     async def close(self, key: str) -> None:
         entry = self.entries.pop(key, None)
@@ -70,10 +94,12 @@ class Sessions:
             await self.close(key)
 
 
-def _key(ctx: Context) -> str:
+def _key(ctx: Context) -> str | None:
+    """`stdio`; an HTTP request's MCP session id; or None (HTTP without MCP sessions)."""
     request = ctx.request_context.request
-    headers = getattr(request, "headers", None)
-    return (headers.get(SESSION_HEADER) if headers is not None else None) or "stdio"
+    if request is None:
+        return "stdio"
+    return request.headers.get(SESSION_HEADER)
 
 
 def _tool_error(exc: AirlockError) -> ToolError:
@@ -83,23 +109,31 @@ def _tool_error(exc: AirlockError) -> ToolError:
     return ToolError(f"{exc.code}: {exc.detail}" if exc.detail else exc.code)
 
 
-def build(client: AsyncAirlock, *, policy: str | None = None,
-          conversation_id: str | None = None) -> tuple[MCPServer, Sessions]:
+def build(client: AsyncAirlock, *, policy: str | None = None, conversation_id: str | None = None,
+          idle_timeout_s: float = IDLE_TIMEOUT_S) -> tuple[MCPServer, Sessions]:
     registry = Sessions(client, policy=policy, conversation_id=conversation_id)
+
+    async def sweep() -> None:
+        while True:
+            await anyio.sleep(min(idle_timeout_s / 2, 30.0))
+            await registry.close_idle(idle_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[Sessions]:
-        try:
-            yield registry
-        finally:  # the client went (stdio) or the server stops: every sandbox goes with it
-            with anyio.CancelScope(shield=True):
-                await registry.close_all()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(sweep)
+            try:
+                yield registry
+            finally:  # the client went (stdio) or the server stops: every sandbox goes with it
+                tasks.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await registry.close_all()
 
     server = MCPServer("airlock", instructions=INSTRUCTIONS, lifespan=lifespan)
 
-    async def session_of(ctx: Context) -> AsyncSession:
+    async def session_of(ctx: Context, session_id: str | None) -> AsyncSession:
         try:
-            return await registry.get(_key(ctx))
+            return (await registry.get(_key(ctx), session_id))[1]
         except AirlockError as exc:
             raise _tool_error(exc) from None
 
@@ -112,14 +146,15 @@ def build(client: AsyncAirlock, *, policy: str | None = None,
         args: Annotated[list[str] | None, Field(description="its arguments, one string each")] = None,
         cwd: Annotated[str, Field(description="the working directory, inside /workspace")] = "/workspace",
         timeout_s: Annotated[int | None, Field(ge=1, description="seconds; at most the policy's limit")] = None,
+        session_id: SessionArg = None,
     ) -> dict[str, Any]:
-        session = await session_of(ctx)
+        session = await session_of(ctx, session_id)
         try:
             result = await session.run(bin, args or [], cwd=cwd, timeout_s=timeout_s)
         except AirlockError as exc:
             raise _tool_error(exc) from None
         return {"exit_code": result.exit_code, "reason": result.reason, "output": result.output,
-                "truncated": result.truncated, "duration_ms": result.duration_ms}
+                "truncated": result.truncated, "duration_ms": result.duration_ms, "session_id": session.id}
 
     @server.tool(description="Write a text file in the workspace, creating its directories; replaces the file "
                  "whole and atomically.")
@@ -127,43 +162,45 @@ def build(client: AsyncAirlock, *, policy: str | None = None,
         path: Annotated[str, Field(description="relative to /workspace, e.g. tests/test_app.py")],
         content: Annotated[str, Field(description="the whole new content, UTF-8")],
         ctx: Context,
-    ) -> str:
-        session = await session_of(ctx)
+        session_id: SessionArg = None,
+    ) -> dict[str, Any]:
+        session = await session_of(ctx, session_id)
         try:
             await session.files.write(path, content)
         except AirlockError as exc:
             raise _tool_error(exc) from None
-        return f"wrote {len(content.encode())} bytes to {path}"
+        return {"path": path, "bytes": len(content.encode()), "session_id": session.id}
 
-    @server.tool(description=f"Read a file of the workspace as text (at most {READ_LIMIT_CHARS} characters; "
-                 "what is not UTF-8 is replaced).")
+    @server.tool(description=f"Read a file of the workspace as text (its first {READ_LIMIT_CHARS} characters; "
+                 "what is not UTF-8 is replaced; `truncated` says if there was more).")
     async def read_file(
         path: Annotated[str, Field(description="relative to /workspace")],
         ctx: Context,
-    ) -> str:
-        session = await session_of(ctx)
+        session_id: SessionArg = None,
+    ) -> dict[str, Any]:
+        session = await session_of(ctx, session_id)
         try:
             data = await session.files.read(path)
         except AirlockError as exc:
             raise _tool_error(exc) from None
         text = data.decode(errors="replace")
-        if len(text) > READ_LIMIT_CHARS:
-            return text[:READ_LIMIT_CHARS] + f"\n[… {len(text) - READ_LIMIT_CHARS} more characters not shown]"
-        return text
+        return {"path": path, "content": text[:READ_LIMIT_CHARS], "truncated": len(text) > READ_LIMIT_CHARS,
+                "session_id": session.id}
 
-    @server.tool(description="List the files under a directory of the workspace (default: all of it), one per "
-                 "line: type, size in bytes, path. Links are listed, never followed.")
+    @server.tool(description="List the files under a directory of the workspace (default: all of it): path, "
+                 "type (file, dir, symlink, other) and size in bytes. Links are listed, never followed.")
     async def list_files(
         ctx: Context,
         path: Annotated[str, Field(description="a directory relative to /workspace; . for all")] = ".",
-    ) -> str:
-        session = await session_of(ctx)
+        session_id: SessionArg = None,
+    ) -> dict[str, Any]:
+        session = await session_of(ctx, session_id)
         try:
             entries = await session.files.list(path)
         except AirlockError as exc:
             raise _tool_error(exc) from None
-        lines = [f"{entry.type}\t{entry.size if entry.size is not None else '-'}\t{entry.path}" for entry in entries]
-        return "\n".join(lines) if lines else "(empty)"
+        return {"entries": [{"path": e.path, "type": e.type, "size": e.size} for e in entries],
+                "session_id": session.id}
 
     return server, registry
 
@@ -174,25 +211,25 @@ def http_app(server: MCPServer, registry: Sessions, *, idle_timeout_s: float = I
     app = server.streamable_http_app(session_idle_timeout=idle_timeout_s)
 
     async def wrapped(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            await registry.close_idle(idle_timeout_s)
-            if scope["method"] == "DELETE":
-                key = dict(scope.get("headers") or []).get(SESSION_HEADER.encode())
-                if key:
-                    await registry.close(key.decode("latin-1"))
+        if scope["type"] == "http" and scope["method"] == "DELETE":
+            key = dict(scope.get("headers") or []).get(SESSION_HEADER.encode())
+            if key:
+                await registry.close(key.decode("latin-1"))
         await app(scope, receive, send)
 
     return wrapped
 
 
 def serve(*, url: str | None, api_key: str | None, transport: str = "stdio", host: str = "127.0.0.1",
-          port: int = 8765, policy: str | None = None, conversation_id: str | None = None) -> int:
+          port: int = 8765, policy: str | None = None, conversation_id: str | None = None,
+          idle_timeout_s: float = IDLE_TIMEOUT_S) -> int:
     client = AsyncAirlock(url, api_key)
-    server, registry = build(client, policy=policy, conversation_id=conversation_id)
+    server, registry = build(client, policy=policy, conversation_id=conversation_id, idle_timeout_s=idle_timeout_s)
     if transport == "stdio":
         anyio.run(server.run_stdio_async)
         return 0
     import uvicorn
 
-    uvicorn.run(http_app(server, registry), host=host, port=port, log_level="warning", lifespan="on")
+    uvicorn.run(http_app(server, registry, idle_timeout_s=idle_timeout_s), host=host, port=port,
+                log_level="warning", lifespan="on")
     return 0
