@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## An agent's session, step by step"
+CLI_SECTION = "## Use Airlock from your agent"
 README_URL = "http://127.0.0.1:8000"
 # Every curl of the walk-through also reports its HTTP status, on stderr, where a step's
 # captured output keeps it apart from what the README's commands read.
@@ -174,6 +175,29 @@ def check(steps: list[tuple[str, str]], key: str, port: int, started: float) -> 
             raise StepFailed("step 6: the dashboard's sign-in page did not load")
 
 
+def check_cli(readme: str, key: str, port: int) -> None:
+    """The README's shell example of the `airlock` CLI, as pasted in a fresh directory: `make run`
+    installed the CLI, and each line answers as its comment says."""
+    section = readme[readme.index(CLI_SECTION):]
+    section = section[:section.find("\n## ", 1)]
+    shell = next(block for block in re.findall(r"```sh\n(.*?)```", section, flags=re.S) if "airlock exec" in block)
+    shell = shell.replace(".venv/bin/airlock", str(ROOT / ".venv" / "bin" / "airlock"))
+    shell = re.sub(r"AIRLOCK_URL=\S+ AIRLOCK_API_KEY=\S+", f"AIRLOCK_URL=http://127.0.0.1:{port} AIRLOCK_API_KEY={key}",
+                   shell)
+    with tempfile.TemporaryDirectory() as here:
+        done = subprocess.run(["/bin/bash", "-c", "set -eu\n" + shell], cwd=here, capture_output=True, text=True,
+                              timeout=300, check=False, env={**os.environ, "NO_COLOR": "1"})
+    out, err = done.stdout, done.stderr
+    for wanted, where, what in (("1 passed", out, "pytest should pass"), ("exit 77", out, "the denial exits 77"),
+                                ("denied (bin_not_allowed)", err, "the denial names its reason"),
+                                ("hint:", err, "the denial gives a hint"),
+                                ("tests/test_add.py", out, "the listing shows the file"),
+                                ("bin_not_allowed", out, "the denials table counts it"), (" ended", out, "it ends")):
+        if done.returncode != 0 or wanted not in where:
+            raise StepFailed(f"the CLI example: {what} (exit {done.returncode}):\n{out[-1500:]}\n{err[-1500:]}")
+    print("walkthrough: the README's CLI example answered as it says")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
@@ -202,6 +226,7 @@ def main() -> int:
                 raise StepFailed(f"make run did not show the root filesystem's build and its time:\n{tail(log)}")
             print(f"walkthrough: make run built the root filesystem in {built.group(1)} s")
         check(steps, key, port, started)
+        check_cli(options.readme.read_text(), key, port)
     except StepFailed as failure:
         print(f"walkthrough: FAILED: {failure}", file=sys.stderr)
         return 1
