@@ -23,6 +23,7 @@ from airlock import (
     Unavailable,
     WaitTimeout,
 )
+from airlock._wire import Call
 
 COUNT = ("import sys, time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.1)\n"
          "print('oops', file=sys.stderr, flush=True)\ntime.sleep(0.1)\nprint('end', flush=True)\nsys.exit(3)\n")
@@ -178,6 +179,16 @@ class Flaky(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self):
+        self.answers.append(429)
+        body = (b'{"error": "too_many_commands", "detail": "at the limit", "decision": {"allowed": false, '
+                b'"reason_code": "tenant_limit", "message": "at the limit", "hint": "wait"}}')
+        self.send_response(429)
+        self.send_header("Retry-After", "0")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, *args):
         pass
 
@@ -195,6 +206,10 @@ def test_503_is_retried_with_backoff_and_a_silent_server_times_out():
                 pytest.raises(Unavailable) as gave_up:
             client.sessions.list()
         assert gave_up.value.code == "runner_unreachable" and Flaky.answers == [503, 503]
+        Flaky.answers.clear()
+        with Airlock(url, "alk_x_y") as client, pytest.raises(CommandDenied) as limited:
+            client.request(Call("POST", "/api/v1/sessions/x/commands", json={}))
+        assert limited.value.reason_code == "tenant_limit" and Flaky.answers == [429]
     finally:
         server.shutdown()
     silent = socket.socket()

@@ -18,7 +18,6 @@ VERSION = "0.1.0"
 USER_AGENT = f"airlock-sdk/{VERSION}"
 SUBPROTOCOL = "airlock.v1"
 TOKEN_PROTOCOL = "airlock.token."  # noqa: S105 - a prefix, not a secret
-RETRIED = {429, 503}  # refused before anything happened: safe to send again, whatever the method
 WAIT_MARGIN_S = 60  # a waiting call's read timeout: the command's own timeout and this much more
 BUFFERED_EVENTS = 10_000  # output kept for commands nobody is waiting on yet, per session stream
 
@@ -77,6 +76,22 @@ class Call:
     params: dict[str, Any] | None = None
     answer: str = "json"
     read_timeout: float | None = None  # None: the client's own
+
+
+def retryable(status: int, content: bytes) -> bool:
+    """503, and 429 without a decision (the API's pace, not the policy's verdict): refused before
+    anything happened, so safe to send again whatever the method. A 429 that carries a decision
+    (a tenant's command or session limit) was recorded as a denial: sending it again would only
+    record more of them."""
+    if status == 503:
+        return True
+    if status != 429:
+        return False
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return True
+    return not (isinstance(body, dict) and "decision" in body)
 
 
 def outcome(call: Call, status: int, headers: Any, content: bytes) -> Any:

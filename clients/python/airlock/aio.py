@@ -55,7 +55,8 @@ class AsyncAirlock:
                 raise ConnectionFailed("connection_failed", f"{call.method} {call.path}: {exc}") from None
             else:
                 retry_after = response.headers.get("retry-after")
-                delay = self.retry.delay(attempt, retry_after) if response.status_code in _wire.RETRIED else None
+                again = _wire.retryable(response.status_code, response.content)
+                delay = self.retry.delay(attempt, retry_after) if again else None
                 if delay is None:
                     return _wire.outcome(call, response.status_code, response.headers, response.content)
             await asyncio.sleep(delay)
