@@ -36,8 +36,8 @@ from sessions.models import Runner
 from sessions.runner import records
 from sessions.runtimes import get_driver, rootfs
 from sessions.runtimes.base import Limits, SandboxSpec
-from tests.browser.conftest import _free_port
 from tests.http import call_api
+from tests.live import _free_port
 from tests.sessions.conftest import Agent, running_runner
 from tests.sessions.test_cluster import _manage, wait_until
 

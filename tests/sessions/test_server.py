@@ -15,8 +15,8 @@ import urllib.request
 from pathlib import Path
 
 from sessions.runtimes.bubblewrap import BubblewrapDriver
-from tests.browser.conftest import _free_port, _wait_until_listening
 from tests.http import call_api
+from tests.live import _free_port, _wait_until_listening
 from tests.sessions.test_cluster import SLEEPER, _manage, _start, wait_until
 
 

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from airlock.errors import AirlockError, error_for
+import httpx2
+
+from airlock.errors import AirlockError, ConnectionFailed, Timeout, error_for
 from airlock.models import Output
 
 VERSION = "0.1.0"
@@ -76,6 +78,18 @@ class Call:
     params: dict[str, Any] | None = None
     answer: str = "json"
     read_timeout: float | None = None  # None: the client's own
+
+
+def unsent(exc: httpx2.TransportError, call: Call, url: str) -> tuple[bool, AirlockError]:
+    """Whether a request that failed on the way was never sent (so may be sent again), and the
+    error it is if it is not."""
+    if isinstance(exc, httpx2.ConnectTimeout):
+        return True, Timeout("timeout", f"cannot reach {url}: {exc}")
+    if isinstance(exc, httpx2.ConnectError):
+        return True, ConnectionFailed("connection_failed", f"cannot reach {url}: {exc}")
+    if isinstance(exc, httpx2.TimeoutException):
+        return False, Timeout("timeout", f"{call.method} {call.path}: no answer in time ({exc})")
+    return False, ConnectionFailed("connection_failed", f"{call.method} {call.path}: {exc}")
 
 
 def retryable(status: int, content: bytes) -> bool:

@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from airlock import _wire
 from airlock._wire import Call, Demux, Retry
-from airlock.errors import AirlockError, Conflict, ConnectionFailed, NotFound, Timeout, Unauthorized, WaitTimeout
+from airlock.errors import AirlockError, Conflict, NotFound, Unauthorized, WaitTimeout
 from airlock.models import CommandResult, Decision, FileEntry, Output, SessionInfo
 
 OnOutput = Callable[[Output], object] | Callable[[Output], Awaitable[object]]
@@ -43,20 +43,14 @@ class AsyncAirlock:
             try:
                 response = await self._http.request(call.method, call.path, json=call.json, content=call.content,
                                                     params=call.params, headers=headers, timeout=timeout)
-            except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-                delay = self.retry.delay(attempt)
-                if delay is None:
-                    kind = Timeout if isinstance(exc, httpx2.ConnectTimeout) else ConnectionFailed
-                    raise kind("timeout" if kind is Timeout else "connection_failed",
-                               f"cannot reach {self.url}: {exc}") from None
-            except httpx2.TimeoutException as exc:
-                raise Timeout("timeout", f"{call.method} {call.path}: no answer in time ({exc})") from None
             except httpx2.TransportError as exc:
-                raise ConnectionFailed("connection_failed", f"{call.method} {call.path}: {exc}") from None
+                again, error = _wire.unsent(exc, call, self.url)
+                delay = self.retry.delay(attempt) if again else None
+                if delay is None:
+                    raise error from None
             else:
-                retry_after = response.headers.get("retry-after")
                 again = _wire.retryable(response.status_code, response.content)
-                delay = self.retry.delay(attempt, retry_after) if again else None
+                delay = self.retry.delay(attempt, response.headers.get("retry-after")) if again else None
                 if delay is None:
                     return _wire.outcome(call, response.status_code, response.headers, response.content)
             await asyncio.sleep(delay)

@@ -16,9 +16,9 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -36,6 +36,7 @@ INSTRUCTIONS = (
     "write files there, run commands, read results. Pass back the `session_id` a result gave you to keep using the "
     "same workspace. A denied command comes back as an error with a reason code and a hint: follow the hint "
     "(another program, other arguments); do not retry the same command.")
+T = TypeVar("T")
 SessionArg = Annotated[str | None, Field(description="the session_id an earlier result gave; leave it out to use "
                                                      "this MCP session's (a new one if there is none)")]
 
@@ -131,9 +132,12 @@ def build(client: AsyncAirlock, *, policy: str | None = None, conversation_id: s
 
     server = MCPServer("airlock", instructions=INSTRUCTIONS, lifespan=lifespan)
 
-    async def session_of(ctx: Context, session_id: str | None) -> AsyncSession:
+    async def using(ctx: Context, session_id: str | None, work: Callable[[AsyncSession], Awaitable[T]]) -> tuple[
+            AsyncSession, T]:
+        """The call's Airlock session and what `work` made of it; an Airlock error as a tool error."""
         try:
-            return (await registry.get(_key(ctx), session_id))[1]
+            session = (await registry.get(_key(ctx), session_id))[1]
+            return session, await work(session)
         except AirlockError as exc:
             raise _tool_error(exc) from None
 
@@ -148,11 +152,7 @@ def build(client: AsyncAirlock, *, policy: str | None = None, conversation_id: s
         timeout_s: Annotated[int | None, Field(ge=1, description="seconds; at most the policy's limit")] = None,
         session_id: SessionArg = None,
     ) -> dict[str, Any]:
-        session = await session_of(ctx, session_id)
-        try:
-            result = await session.run(bin, args or [], cwd=cwd, timeout_s=timeout_s)
-        except AirlockError as exc:
-            raise _tool_error(exc) from None
+        session, result = await using(ctx, session_id, lambda s: s.run(bin, args or [], cwd=cwd, timeout_s=timeout_s))
         return {"exit_code": result.exit_code, "reason": result.reason, "output": result.output,
                 "truncated": result.truncated, "duration_ms": result.duration_ms, "session_id": session.id}
 
@@ -164,11 +164,7 @@ def build(client: AsyncAirlock, *, policy: str | None = None, conversation_id: s
         ctx: Context,
         session_id: SessionArg = None,
     ) -> dict[str, Any]:
-        session = await session_of(ctx, session_id)
-        try:
-            await session.files.write(path, content)
-        except AirlockError as exc:
-            raise _tool_error(exc) from None
+        session, _ = await using(ctx, session_id, lambda s: s.files.write(path, content))
         return {"path": path, "bytes": len(content.encode()), "session_id": session.id}
 
     @server.tool(description=f"Read a file of the workspace as text (its first {READ_LIMIT_CHARS} characters; "
@@ -178,11 +174,7 @@ def build(client: AsyncAirlock, *, policy: str | None = None, conversation_id: s
         ctx: Context,
         session_id: SessionArg = None,
     ) -> dict[str, Any]:
-        session = await session_of(ctx, session_id)
-        try:
-            data = await session.files.read(path)
-        except AirlockError as exc:
-            raise _tool_error(exc) from None
+        session, data = await using(ctx, session_id, lambda s: s.files.read(path))
         text = data.decode(errors="replace")
         return {"path": path, "content": text[:READ_LIMIT_CHARS], "truncated": len(text) > READ_LIMIT_CHARS,
                 "session_id": session.id}
@@ -194,11 +186,7 @@ def build(client: AsyncAirlock, *, policy: str | None = None, conversation_id: s
         path: Annotated[str, Field(description="a directory relative to /workspace; . for all")] = ".",
         session_id: SessionArg = None,
     ) -> dict[str, Any]:
-        session = await session_of(ctx, session_id)
-        try:
-            entries = await session.files.list(path)
-        except AirlockError as exc:
-            raise _tool_error(exc) from None
+        session, entries = await using(ctx, session_id, lambda s: s.files.list(path))
         return {"entries": [{"path": e.path, "type": e.type, "size": e.size} for e in entries],
                 "session_id": session.id}
 
