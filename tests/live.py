@@ -64,11 +64,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_until_listening(port: int, process: subprocess.Popen, timeout_s: float = 30) -> None:
+def _wait_until_listening(port: int, process: subprocess.Popen, timeout_s: float = 30, *,
+                          log: Path | None = None) -> None:
+    """`log`: where the process writes (a file: a pipe nobody reads fills, and then the server
+    blocks on its next log line)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited: {process.stdout.read()}")
+            said = log.read_text(errors="replace")[-3000:] if log else (process.stdout.read() if process.stdout else "")
+            raise RuntimeError(f"the server exited: {said}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
@@ -105,13 +109,14 @@ def demo_server(tmp_path_factory, upstreams):
     for seed in (SEED_DECISIONS, SEED_POLICIES):
         seeded = server.manage("shell", "-c", seed, OPS_POLICY=OPS_POLICY, NET_POLICY=NET_POLICY)
         assert seeded.returncode == 0, seeded.stderr
+    log = data_dir / "server.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "controlplane.serve", "-b", "127.0.0.1", "-p", str(port),
          "controlplane.asgi:application"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )
     try:
-        _wait_until_listening(port, process)
+        _wait_until_listening(port, process, log=log)
         yield server
     finally:
         process.terminate()

@@ -67,12 +67,13 @@ async def test_over_stdio_a_session_runs_pytest_and_a_denial_is_a_tool_error_wit
     assert eventually_ended(demo_server, session_id) == "ended"  # closing the MCP session ended it
 
 
-async def test_over_streamable_http_each_caller_has_its_own_session_ended_when_idle_or_at_stop(demo_server):
-    port = _free_port()
+async def test_over_streamable_http_each_caller_has_its_own_session_ended_when_idle_or_at_stop(demo_server,
+                                                                                              tmp_path):
+    port, log = _free_port(), tmp_path / "mcp.log"
     process = subprocess.Popen([AIRLOCK, "mcp", "--transport", "http", "--port", str(port), "--idle-timeout", "4"],
-                               env=env_for(demo_server), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               env=env_for(demo_server), stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
-        _wait_until_listening(port, process)
+        _wait_until_listening(port, process, log=log)
         url = f"http://127.0.0.1:{port}/mcp"
         async with Client(url) as first, Client(url) as second:
             mine = await exercise(first)

@@ -124,14 +124,13 @@ def test_the_servers_error_codes_become_typed_exceptions(demo_server, client):
 
 def test_a_session_created_elsewhere_is_driven_with_the_key(client):
     created = client.sessions.create(conversation_id="sdk-attach")
-    session = client.sessions.attach(created.id)
-    assert session.token is None
     pieces: list[str] = []
-    session.files.write("hi.py", "print('hi')\n")
-    assert session.run("python3", ["hi.py"], on_output=lambda piece: pieces.append(piece.data)).exit_code == 0
+    with client.sessions.attach(created.id) as session:
+        assert session.token is None
+        session.files.write("hi.py", "print('hi')\n")
+        assert session.run("python3", ["hi.py"], on_output=lambda piece: pieces.append(piece.data)).exit_code == 0
+        assert [info.id for info in client.sessions.list(conversation_id="sdk-attach")] == [created.id]
     assert pieces == ["hi\n"]
-    assert [info.id for info in client.sessions.list(conversation_id="sdk-attach")] == [created.id]
-    client.sessions.end(created.id)
     # Its token was revoked when it ended: what is left to read, the client reads with the key.
     assert created.refresh().state == "ended" and created.token is None
 
