@@ -3,8 +3,9 @@ p95 of one command (`true`) run to its end
 
   raw     one keep-alive http.client POST …/commands with `wait: true` (the baseline)
   sdk     Airlock's Session.run() without a callback: the same single waiting call
-  stream  Session.run(on_output=…): queued, its end followed on the session's WebSocket,
-          the result read back (three exchanges, the stream connected once per session)
+  stream  Session.run(on_output=…): queued (202), its output and end followed on the session's
+          WebSocket (connected once per session); read back only when the stream missed
+          something or the tail was cut
   async   AsyncSession.run() without a callback
 
 Samples are taken round-robin (raw, sdk, stream, async, raw, …) so the machine's noise falls on

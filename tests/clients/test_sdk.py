@@ -36,6 +36,12 @@ def test_output_streams_to_the_callback_in_order_and_the_result_carries_the_end(
     with client.sessions.create(conversation_id="sdk-order") as session:
         session.files.write("count.py", COUNT)
         result = session.run("python3", ["count.py"], on_output=pieces.append)
+        stored = session.command(result.id)
+        # More than the policy keeps (output_tail_chars: 8000): the result is the stored tail, cut.
+        session.files.write("many.py", "for i in range(3000):\n    print(f'line {i:05}')\n")
+        many = session.run("python3", ["many.py"], on_output=lambda piece: None)
+    assert (result.output, result.exit_code, result.reason) == (stored.output, stored.exit_code, stored.reason)
+    assert many.truncated and many.output == session.command(many.id).output and "line 02999" in many.output
     assert [(piece.stream, piece.data) for piece in pieces] == [
         ("stdout", "0\n"), ("stdout", "1\n"), ("stdout", "2\n"), ("stderr", "oops\n"), ("stdout", "end\n")]
     assert (result.exit_code, result.reason, result.truncated) == (3, "exited", False)

@@ -14,7 +14,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx2
 
 from airlock.errors import AirlockError, ConnectionFailed, Timeout, error_for
-from airlock.models import Output
+from airlock.models import CommandResult, Decision, Output
 
 VERSION = "0.1.0"
 USER_AGENT = f"airlock-sdk/{VERSION}"
@@ -22,6 +22,7 @@ SUBPROTOCOL = "airlock.v1"
 TOKEN_PROTOCOL = "airlock.token."  # noqa: S105 - a prefix, not a secret
 WAIT_MARGIN_S = 60  # a waiting call's read timeout: the command's own timeout and this much more
 BUFFERED_EVENTS = 10_000  # output kept for commands nobody is waiting on yet, per session stream
+SEEN_CHARS = 2**20  # a waited command's streamed output kept to stand for its stored tail
 
 
 def settings(url: str | None, api_key: str | None) -> tuple[str, str]:
@@ -201,3 +202,39 @@ class Demux:
 
     def over(self, command: str) -> bool:
         return command in self.exited or self.session_over is not None
+
+
+@dataclass
+class Seen:
+    """What a handle saw of its command on the stream: its output (up to SEEN_CHARS) and the
+    session's lag count when it started."""
+
+    lagged_at_start: int
+    pieces: list[str] = field(default_factory=list)
+    chars: int = 0
+
+    def add(self, piece: Output) -> None:
+        self.chars += len(piece.data)
+        if self.chars <= SEEN_CHARS:
+            self.pieces.append(piece.data)
+
+
+STATES = {"exited", "timeout", "killed"}  # a reason that is also the command's state (sessions/services.py)
+
+
+def streamed_result(command_id: str, decision: Decision, demux: Demux, seen: Seen) -> CommandResult | None:
+    """The result as the stream told it, when the stream told all of it: the command's own
+    `command.exited` (not one reconciled from the database), nothing lagged, nothing cut from
+    its tail. The stored tail is then exactly the streamed text (the runner keeps what it
+    sends, sessions/output.py). None otherwise: read the command back."""
+    end = demux.exited.get(command_id) or {}
+    whole = (end.get("event") == "command.exited" and not end.get("reconciled") and not end.get("truncated")
+             and end.get("reason") in STATES and demux.lagged == seen.lagged_at_start and seen.chars <= SEEN_CHARS)
+    if not whole:
+        return None
+    output = "".join(seen.pieces)
+    raw = {"id": command_id, "state": end["reason"], "exit_code": end.get("exit_code"), "reason": end["reason"],
+           "output": output, "truncated": False, "duration_ms": end.get("duration_ms"), "streamed": True}
+    return CommandResult(id=command_id, state=end["reason"], exit_code=end.get("exit_code"), reason=end["reason"],
+                         output=output, truncated=False, decision=decision, duration_ms=end.get("duration_ms"),
+                         raw=raw)

@@ -220,6 +220,7 @@ class AsyncCommandHandle:
     def __init__(self, session: AsyncSession, command_id: str, decision: Decision, on_output: OnOutput | None):
         self.session, self.id, self.decision = session, command_id, decision
         self._on_output = on_output
+        self._seen = _wire.Seen(session._demux.lagged)
 
     async def wait(self, timeout: float | None = None) -> CommandResult:
         deadline = time.monotonic() + timeout if timeout is not None else None
@@ -238,6 +239,9 @@ class AsyncCommandHandle:
                 await asyncio.sleep(min(poll, max(remaining, 0)))
                 poll = min(poll * 2, 1.0)
         await self._deliver()
+        streamed = _wire.streamed_result(self.id, self.decision, demux, self._seen)
+        if streamed is not None:
+            return streamed
         result = await self.session.command(self.id)
         while not result.finished:
             await asyncio.sleep(0.05)
@@ -249,6 +253,7 @@ class AsyncCommandHandle:
 
     async def _deliver(self) -> None:
         for piece in self.session._demux.take(self.id):
+            self._seen.add(piece)
             if self._on_output is not None:
                 called = self._on_output(piece)
                 if inspect.isawaitable(called):

@@ -211,6 +211,7 @@ class CommandHandle:
     def __init__(self, session: Session, command_id: str, decision: Decision, on_output: OnOutput | None):
         self.session, self.id, self.decision = session, command_id, decision
         self._on_output = on_output
+        self._seen = _wire.Seen(session._demux.lagged)
 
     def wait(self, timeout: float | None = None) -> CommandResult:
         """Its result once it ends, handing its output to `on_output` meanwhile. Raises
@@ -231,6 +232,9 @@ class CommandHandle:
                 time.sleep(min(poll, max(remaining, 0)))
                 poll = min(poll * 2, 1.0)
         self._deliver()
+        streamed = _wire.streamed_result(self.id, self.decision, demux, self._seen)
+        if streamed is not None:
+            return streamed
         result = self.session.command(self.id)
         while not result.finished:  # the session ended under it: its end is being written
             time.sleep(0.05)
@@ -242,9 +246,9 @@ class CommandHandle:
         return self.session.kill()
 
     def _deliver(self) -> None:
-        pieces = self.session._demux.take(self.id)
-        if self._on_output is not None:
-            for piece in pieces:
+        for piece in self.session._demux.take(self.id):
+            self._seen.add(piece)
+            if self._on_output is not None:
                 self._on_output(piece)
 
 
