@@ -38,7 +38,7 @@ class Review:
 
 def review(*, policy: Policy, source: str, number: int = 0, with_replay: bool = False,
            replay_limit: int = 10_000) -> Review:
-    published = policy.published_version()
+    published = policy.published_version() if policy.pk else None  # not created yet: nothing published
     diff = source_diff(published.source if published else "", source)
     try:
         document = parse_yaml(source)

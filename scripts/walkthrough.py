@@ -188,7 +188,7 @@ def check_cli(readme: str, key: str, port: int) -> None:
         done = subprocess.run(["/bin/bash", "-c", "set -eu\n" + shell], cwd=here, capture_output=True, text=True,
                               timeout=300, check=False, env={**os.environ, "NO_COLOR": "1"})
     out, err = done.stdout, done.stderr
-    for wanted, where, what in (("1 passed", out, "pytest should pass"), ("exit 77", out, "the denial exits 77"),
+    for wanted, where, what in (("1 passed", out, "pytest should pass"), ("exit 126", out, "the denial exits 126"),
                                 ("denied (bin_not_allowed)", err, "the denial names its reason"),
                                 ("hint:", err, "the denial gives a hint"),
                                 ("tests/test_add.py", out, "the listing shows the file"),

@@ -122,28 +122,47 @@ try:
             sys.exit(3)
         sys.stdout.buffer.write(data)
     elif op == "list":  # `limit` is the most entries told; links are listed, never followed
-        top = parent_fd(parts, False)
-        entries, truncated = [], False
-        for root, dirs, files, fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
-            depth = root.count("/")
-            for name in sorted(dirs + files):
+        # Its own walk: every directory opened O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK, so one the
+        # program swaps for a FIFO or a link mid-walk is skipped, never waited on or followed.
+        entries, truncated, size = [], False, 0
+        stack = [(parent_fd(parts, False), "" if path == "." else path, 0)]
+        while stack and not truncated:
+            fd, prefix, depth = stack.pop()
+            try:
+                names = sorted(os.listdir(fd))
+            except OSError:
+                names = []
+            below = []
+            for name in names:
                 if name.startswith(TEMP):
                     continue
-                if len(entries) == limit:
+                try:
+                    info = os.lstat(name, dir_fd=fd)
+                except OSError:  # gone since the listing: not there
+                    continue
+                if len(entries) == limit or size > 4_000_000:
                     truncated = True
                     break
-                info = os.lstat(name, dir_fd=fd)
                 kind = ("dir" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode)
                         else "symlink" if stat.S_ISLNK(info.st_mode) else "other")
-                entries.append({"path": os.path.normpath(os.path.join(path, root, name)), "type": kind,
-                                "size": info.st_size if kind == "file" else None,
+                shown = os.fsencode(name).decode("utf-8", "backslashreplace")  # a name that is not UTF-8
+                relative = f"{prefix}/{shown}" if prefix else shown
+                size += len(relative) + 64
+                entries.append({"path": relative, "type": kind, "size": info.st_size if kind == "file" else None,
                                 "mode": oct(stat.S_IMODE(info.st_mode)), "mtime": int(info.st_mtime)})
-            if truncated:
-                break
-            dirs.sort()
-            if depth >= 32:
-                dirs[:] = []  # deeper than this is not walked (and says so)
-                truncated = truncated or bool(dirs)
+                if kind == "dir":
+                    if depth >= 32:
+                        truncated = True  # deeper than this is not walked (and says so)
+                        continue
+                    try:
+                        child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | NOFOLLOW, dir_fd=fd)
+                    except OSError:
+                        continue
+                    below.append((child, relative, depth + 1))
+            os.close(fd)
+            stack.extend(reversed(below))  # depth first, in name order
+        for fd, _, _ in stack:
+            os.close(fd)
         sys.stdout.write(json.dumps({"entries": entries, "truncated": truncated}))
     elif op == "untar":
         # The archive was built by the control plane (regular files and directories, relative

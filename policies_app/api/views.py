@@ -23,7 +23,7 @@ from policies_app.exceptions import exception_from_denial, exception_grant, exce
 from policies_app.exceptions import exception_revoke as revoke
 from policies_app.insights import insights
 from policies_app.lint import lint
-from policies_app.models import DecisionRecord
+from policies_app.models import DecisionRecord, Policy
 from policies_app.review import review
 
 READ = [HasScope.of("policies:read")]
@@ -146,14 +146,17 @@ def version_replay(request, name: str, number: int):
 def policy_review(request, name: str):
     """What the editor shows; the CLI's `policy lint|test|diff`. An invalid document is a 400
     `invalid_policy` with its errors at their lines, as when saving it."""
-    policy = selectors.policy_get(_tenant(request), name)
+    tenant = _tenant(request)
+    # A policy not created yet is reviewed too (nothing published, nothing to replay): what
+    # `airlock policy publish` checks before it creates anything.
+    policy = selectors.policy_list(tenant).filter(name=name).first() or Policy(tenant=tenant, name=name)
     data = _valid(s.ReviewSerializer, request)
-    result = review(policy=policy, source=data["source"], with_replay=data["replay"])
+    result = review(policy=policy, source=data["source"], with_replay=data["replay"] and policy.pk is not None)
     diff = [asdict(line) for line in result.diff]
     if result.document is None:
         return Response({"error": "invalid_policy", "detail": f"the document has {len(result.errors)} error(s)",
                          "errors": result.errors, "diff": diff}, status=status.HTTP_400_BAD_REQUEST)
-    published = policy.published_version()
+    published = policy.published_version() if policy.pk else None
     return Response({
         "sha256": result.document.sha256(), "published": published.number if published else None,
         "lint": [asdict(warning) for warning in result.warnings],

@@ -60,11 +60,11 @@ def test_a_session_is_created_listed_fed_run_and_ended_from_the_shell(cli, tmp_p
     assert ended.returncode == 0 and text(ended)[0].strip() == f"{session['id']} ended"
 
 
-def test_a_denial_prints_its_reason_and_hint_and_exits_77(cli):
+def test_a_denial_prints_its_reason_and_hint_and_exits_126(cli):
     session = json.loads(cli("session", "create", "--conversation", "cli-denied", "--json").stdout)
     denied = cli("exec", session["id"], "--", "echo", "hello")
     out, err = text(denied)
-    assert denied.returncode == 77 and out == ""
+    assert denied.returncode == 126 and out == ""
     assert "denied (bin_not_allowed)" in err and "hint:" in err
     denials = cli("denials", "--period", "24h")
     assert denials.returncode == 0 and "bin_not_allowed" in text(denials)[0] and "echo" in text(denials)[0]
@@ -116,5 +116,9 @@ def test_bad_configuration_and_an_unreachable_server_get_a_message_and_an_exit_c
     no_command = cli("exec", "00000000-0000-0000-0000-000000000000")
     assert no_command.returncode == 2
     unknown = cli("exec", "00000000-0000-0000-0000-000000000000", "--", "pytest")
-    assert unknown.returncode == 3 and "not_found" in text(unknown)[1]
+    assert unknown.returncode == 125 and "not_found" in text(unknown)[1]  # above any code of the command's
+    not_an_id = cli("files", "get", "../policies", "x", "--json")
+    assert not_an_id.returncode == 3 and json.loads(not_an_id.stdout)["error"] == "invalid_request"
+    gone = cli("session", "list", "--json", url="http://127.0.0.1:9")
+    assert gone.returncode == 69 and json.loads(gone.stdout)["error"] == "connection_failed"
     assert "Traceback" not in text(unknown)[1]

@@ -5,8 +5,10 @@ import os
 import subprocess
 import time
 
+import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 from airlock import Airlock
 from tests.clients.conftest import AIRLOCK
@@ -71,11 +73,21 @@ async def test_over_streamable_http_each_caller_has_its_own_session_ended_when_i
                                                                                               tmp_path):
     port, log = _free_port(), tmp_path / "mcp.log"
     process = subprocess.Popen([AIRLOCK, "mcp", "--transport", "http", "--port", str(port), "--idle-timeout", "4"],
-                               env=env_for(demo_server), stdout=log.open("wb"), stderr=subprocess.STDOUT)
+                               env={**env_for(demo_server), "AIRLOCK_MCP_TOKEN": "mcp-test-token"},
+                               stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+    def connect() -> Client:
+        return Client(streamable_http_client(url, http_client=httpx2.AsyncClient(
+            headers={"Authorization": "Bearer mcp-test-token"}, timeout=60)))
+
     try:
         _wait_until_listening(port, process, log=log)
         url = f"http://127.0.0.1:{port}/mcp"
-        async with Client(url) as first, Client(url) as second:
+        # Whoever reaches the port without the token gets nothing: it would act with the server's API key.
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            refused = httpx2.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=headers)
+            assert refused.status_code == 401
+        async with connect() as first, connect() as second:
             mine = await exercise(first)
             other = await second.call_tool("run_command", {"bin": "pytest", "args": ["tests"]})
             assert other.structured_content["session_id"] != mine  # its own, empty workspace: no tests there
@@ -85,7 +97,7 @@ async def test_over_streamable_http_each_caller_has_its_own_session_ended_when_i
             forged = await second.call_tool("list_files", {"session_id": "00000000-0000-0000-0000-000000000000"})
             assert forged.is_error and "unknown_session" in forged.content[0].text
         assert eventually_ended(demo_server, other.structured_content["session_id"]) == "ended"  # idle for 4 s
-        async with Client(url) as third:
+        async with connect() as third:
             last = (await third.call_tool("list_files", {})).structured_content["session_id"]
     finally:
         process.terminate()

@@ -286,6 +286,16 @@ def test_a_listing_shows_the_workspace_as_it_is_and_follows_no_link(agent):
     assert missing.status_code == 404
 
 
+def test_a_listing_survives_what_a_program_can_plant_and_says_when_it_is_cut(agent):
+    session = agent.open()
+    agent.put(session, "plant.py", b"import os\nos.mkdir(b'bad\\xff')\nos.makedirs('/'.join(['d'] * 40))\n")
+    assert agent.run(session, "python3", "plant.py").json()["exit_code"] == 0
+    body = agent.as_session(session).get(f"/api/v1/sessions/{session['id']}/files").json()
+    paths = [entry["path"] for entry in body["entries"]]
+    assert "bad\\xff" in paths  # a name that is not UTF-8, shown escaped
+    assert body["truncated"] is True and max(path.count("/") for path in paths) == 32  # 33 levels shown, no more
+
+
 def test_a_fifo_or_socket_in_the_workspace_is_neither_read_nor_replaced(agent):
     session = agent.open()
     agent.put(session, "make.py", b"import os, socket\nos.mkfifo('pipe')\n"

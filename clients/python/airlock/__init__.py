@@ -33,11 +33,11 @@ from airlock.errors import (
     Unavailable,
     WaitTimeout,
 )
-from airlock.models import CommandResult, Decision, FileEntry, Output, SessionInfo
+from airlock.models import CommandResult, Decision, FileEntry, Listing, Output, SessionInfo
 
 __all__ = [  # noqa: RUF022 - grouped as imported
     "Airlock", "AsyncAirlock", "Session", "AsyncSession", "CommandHandle", "AsyncCommandHandle", "Retry",
-    "CommandResult", "Decision", "FileEntry", "Output", "SessionInfo",
+    "CommandResult", "Decision", "FileEntry", "Listing", "Output", "SessionInfo",
     "AirlockError", "BadRequest", "CommandDenied", "Conflict", "ConnectionFailed", "Denied", "FileDenied", "Forbidden",
     "NotFound", "PolicyInvalid", "QuotaExceeded", "RateLimited", "ServerError", "Timeout", "TooLarge",
     "Unauthorized", "Unavailable", "WaitTimeout", "__version__",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx2
 
-from airlock.errors import AirlockError, ConnectionFailed, Timeout, error_for
+from airlock.errors import AirlockError, BadRequest, ConnectionFailed, Timeout, error_for
 from airlock.models import CommandResult, Decision, Output
 
 VERSION = "0.1.0"
@@ -44,8 +45,13 @@ def stream_url(base_url: str, session_id: str) -> str:
     return urlunsplit((scheme, parts.netloc, f"{parts.path}/ws/sessions/{session_id}/", "", ""))
 
 
-def subprotocols(credential: str) -> list[str]:
-    return [SUBPROTOCOL, TOKEN_PROTOCOL + credential]
+def subprotocols(token: str | None) -> list[str]:
+    """A session token goes as a subprotocol (it dies with its session); the API key does not."""
+    return [SUBPROTOCOL, TOKEN_PROTOCOL + token] if token else [SUBPROTOCOL]
+
+
+def auth_message(credential: str) -> str:
+    return json.dumps({"type": "auth", "token": credential})
 
 
 @dataclass(frozen=True)
@@ -93,20 +99,24 @@ def unsent(exc: httpx2.TransportError, call: Call, url: str) -> tuple[bool, Airl
     return False, ConnectionFailed("connection_failed", f"{call.method} {call.path}: {exc}")
 
 
-def retryable(status: int, content: bytes) -> bool:
-    """503, and 429 without a decision (the API's pace, not the policy's verdict): refused before
-    anything happened, so safe to send again whatever the method. A 429 that carries a decision
-    (a tenant's command or session limit) was recorded as a denial: sending it again would only
-    record more of them."""
-    if status == 503:
-        return True
-    if status != 429:
+UNSTARTED_503 = {"no_runner", "no_capacity", "runner_unreachable"}  # refused before anything was written
+
+
+def retryable(method: str, status: int, content: bytes) -> bool:
+    """Whether an answer may be sent again: a GET's 503, a 503 that says nothing happened (no
+    runner, no capacity), and a 429 without a decision (the API's pace). Not a 503 after which
+    the server kept a row (`sandbox_unavailable`: a failed session), nor a 429 that carries a
+    decision (a tenant's limit, recorded as a denial: sending it again only records more)."""
+    if status not in {429, 503}:
         return False
     try:
         body = json.loads(content)
     except ValueError:
-        return True
-    return not (isinstance(body, dict) and "decision" in body)
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    if status == 503:
+        return method == "GET" or body.get("error") in UNSTARTED_503
+    return "decision" not in body
 
 
 def outcome(call: Call, status: int, headers: Any, content: bytes) -> Any:
@@ -121,27 +131,51 @@ def outcome(call: Call, status: int, headers: Any, content: bytes) -> Any:
         return content
     if call.answer == "none" or not content:
         return None
-    return json.loads(content)
+    try:
+        return json.loads(content)
+    except ValueError:
+        raise AirlockError("invalid_answer", f"{call.method} {call.path} answered {status} with something that "
+                           f"is not JSON: {content[:120]!r}", status=status) from None
+
+
+def session_path(session_id: str, rest: str = "") -> str:
+    """`/api/v1/sessions/<id><rest>`, for a session id that is one (a UUID): anything else is
+    refused here, before it could reach another endpoint."""
+    try:
+        canonical = str(uuid.UUID(str(session_id)))
+    except ValueError:
+        raise BadRequest("invalid_request", f"{session_id!r} is not a session id (a UUID)",
+                         fields={"session": ["not a UUID"]}) from None
+    return f"/api/v1/sessions/{canonical}{rest}"
+
+
+def policy_path(name: str, rest: str = "") -> str:
+    return f"/api/v1/policies/{quote(name, safe='')}{rest}"
+
+
+def workspace_relative(path: str) -> str:
+    """`/workspace/x` and `x` alike: paths are relative to the workspace."""
+    return path.removeprefix("/workspace/") if path.startswith("/workspace/") else path
 
 
 def file_path(session_id: str, path: str) -> str:
     """The file's URL, each segment escaped: `.` and `..` too, so that no URL normalisation on
     the way turns `../commands` into another endpoint (the server refuses them, with a decision)."""
-    relative = path.removeprefix("/workspace/") if path.startswith("/workspace/") else path
     segments = [quote(part, safe="").replace(".", "%2E") if part in {".", ".."} else quote(part, safe="")
-                for part in relative.split("/")]
-    return f"/api/v1/sessions/{session_id}/files/{'/'.join(segments)}"
+                for part in workspace_relative(path).split("/")]
+    return session_path(session_id, f"/files/{'/'.join(segments)}")
 
 
 def command_call(session_id: str, bin_name: str, args: list[str] | tuple[str, ...], *, cwd: str | None,
                  timeout_s: int | None, wait: bool) -> Call:
+    """The command's POST; waiting, its read timeout is the command's own and WAIT_MARGIN_S more."""
     body: dict[str, Any] = {"bin": bin_name, "args": list(args), "wait": wait}
     if cwd is not None:
         body["cwd"] = cwd
     if timeout_s is not None:
         body["timeout_s"] = timeout_s
     read_timeout = (timeout_s or 3600) + WAIT_MARGIN_S if wait else None
-    return Call("POST", f"/api/v1/sessions/{session_id}/commands", json=body, read_timeout=read_timeout)
+    return Call("POST", session_path(session_id, "/commands"), json=body, read_timeout=read_timeout)
 
 
 def session_body(conversation_id: str, policy: str | None, repo: str | None, persist: bool,
@@ -180,6 +214,8 @@ class Demux:
         kind, command = event.get("event"), event.get("command")
         if kind == "command.output" and isinstance(command, str) and not event.get("snapshot"):
             if self.buffered >= BUFFERED_EVENTS:
+                self._evict(command)
+            if self.buffered >= BUFFERED_EVENTS:  # all of it is this command's, unread: no more
                 self.lagged += 1
                 return
             self.output[command].append(Output(str(event.get("stream", "stdout")), str(event.get("data", ""))))
@@ -194,6 +230,15 @@ class Demux:
                     self.exited.setdefault(str(known.get("command")), known)
             if event.get("state") in ENDED:
                 self.session_over = str(event["state"])
+
+    def _evict(self, keep: str) -> None:
+        """Make room: drop what waits for commands that ended (nobody waited on them) first, then
+        the oldest. Whoever waits on one of them later reads its stored tail instead (a lag)."""
+        ended = [command for command in self.output if command in self.exited and command != keep]
+        victims = ended or [command for command in self.output if command != keep][:1]
+        for command in victims:
+            self.buffered -= len(self.output.pop(command))
+            self.lagged += 1
 
     def take(self, command: str) -> list[Output]:
         pieces = list(self.output.pop(command, ()))

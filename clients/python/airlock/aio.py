@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from airlock import _wire
 from airlock._wire import Call, Demux, Retry
 from airlock.errors import AirlockError, Conflict, NotFound, Unauthorized, WaitTimeout
-from airlock.models import CommandResult, Decision, FileEntry, Output, SessionInfo
+from airlock.models import CommandResult, Decision, Listing, Output, SessionInfo
 
 OnOutput = Callable[[Output], object] | Callable[[Output], Awaitable[object]]
 
@@ -49,7 +49,7 @@ class AsyncAirlock:
                 if delay is None:
                     raise error from None
             else:
-                again = _wire.retryable(response.status_code, response.content)
+                again = _wire.retryable(call.method, response.status_code, response.content)
                 delay = self.retry.delay(attempt, response.headers.get("retry-after")) if again else None
                 if delay is None:
                     return _wire.outcome(call, response.status_code, response.headers, response.content)
@@ -83,7 +83,7 @@ class AsyncSessions:
         return AsyncSession(self._client, await self.get(session_id), None)
 
     async def get(self, session_id: str) -> SessionInfo:
-        return SessionInfo.from_api(await self._client.request(Call("GET", f"/api/v1/sessions/{session_id}")))
+        return SessionInfo.from_api(await self._client.request(Call("GET", _wire.session_path(session_id))))
 
     async def list(self, *, state: str = "", conversation_id: str = "") -> list[SessionInfo]:
         params = {key: value for key, value in (("state", state), ("conversation_id", conversation_id)) if value}
@@ -91,10 +91,10 @@ class AsyncSessions:
         return [SessionInfo.from_api(item) for item in answer]
 
     async def end(self, session_id: str) -> SessionInfo:
-        return SessionInfo.from_api(await self._client.request(Call("DELETE", f"/api/v1/sessions/{session_id}")))
+        return SessionInfo.from_api(await self._client.request(Call("DELETE", _wire.session_path(session_id))))
 
     async def kill(self, session_id: str) -> SessionInfo:
-        return SessionInfo.from_api(await self._client.request(Call("POST", f"/api/v1/sessions/{session_id}/kill")))
+        return SessionInfo.from_api(await self._client.request(Call("POST", _wire.session_path(session_id, "/kill"))))
 
 
 class _Creating:
@@ -128,6 +128,7 @@ class AsyncSession:
         self.files = AsyncFiles(self)
         self._socket: ClientConnection | None = None
         self._sockets = contextlib.AsyncExitStack()
+        self._reading = asyncio.Lock()
         self._demux = Demux()
 
     async def _request(self, call: Call) -> Any:
@@ -156,20 +157,20 @@ class AsyncSession:
         return AsyncCommandHandle(self, answer["id"], Decision.from_api(answer.get("decision") or {}), on_output)
 
     async def command(self, command_id: str) -> CommandResult:
-        answer = await self._request(Call("GET", f"/api/v1/sessions/{self.id}/commands/{command_id}"))
+        answer = await self._request(Call("GET", _wire.session_path(self.id, f"/commands/{command_id}")))
         return CommandResult.from_api(answer)
 
     async def refresh(self) -> SessionInfo:
-        self.info = SessionInfo.from_api(await self._request(Call("GET", f"/api/v1/sessions/{self.id}")))
+        self.info = SessionInfo.from_api(await self._request(Call("GET", _wire.session_path(self.id))))
         return self.info
 
     async def end(self) -> SessionInfo:
-        self.info = SessionInfo.from_api(await self._client.request(Call("DELETE", f"/api/v1/sessions/{self.id}")))
+        self.info = SessionInfo.from_api(await self._client.request(Call("DELETE", _wire.session_path(self.id))))
         await self._close_stream()
         return self.info
 
     async def kill(self) -> SessionInfo:
-        self.info = SessionInfo.from_api(await self._client.request(Call("POST", f"/api/v1/sessions/{self.id}/kill")))
+        self.info = SessionInfo.from_api(await self._client.request(Call("POST", _wire.session_path(self.id, "/kill"))))
         return self.info
 
     async def _stream(self) -> ClientConnection | None:
@@ -177,8 +178,10 @@ class AsyncSession:
             try:
                 self._socket = await self._sockets.enter_async_context(connect(
                     _wire.stream_url(self._client.url, self.id),
-                    subprotocols=_wire.subprotocols(self.token or self._client._api_key),
+                    subprotocols=_wire.subprotocols(self.token),
                     open_timeout=self._client.connect_timeout, max_size=2**24, user_agent_header=_wire.USER_AGENT))
+                if self.token is None:
+                    await self._socket.send(_wire.auth_message(self._client._api_key))
                 self._demux.feed(await asyncio.wait_for(self._socket.recv(), self._client.read_timeout))
             except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed):
                 await self._close_stream()
@@ -187,13 +190,17 @@ class AsyncSession:
     async def _next_event(self, timeout: float) -> bool:
         if self._socket is None:
             return False
-        try:
-            self._demux.feed(await asyncio.wait_for(self._socket.recv(), timeout))
-        except TimeoutError:
-            pass
-        except ConnectionClosed:
-            await self._close_stream()
-            return False
+        if self._reading.locked():  # another task reads: it feeds the same demux
+            await asyncio.sleep(min(timeout, 0.01))
+            return True
+        async with self._reading:
+            try:
+                self._demux.feed(await asyncio.wait_for(self._socket.recv(), timeout))
+            except TimeoutError:
+                pass
+            except ConnectionClosed:
+                await self._close_stream()
+                return False
         return True
 
     async def _close_stream(self) -> None:
@@ -243,7 +250,9 @@ class AsyncCommandHandle:
         if streamed is not None:
             return streamed
         result = await self.session.command(self.id)
-        while not result.finished:
+        while not result.finished:  # the session ended under it: its end is being written
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout("wait_timeout", f"command {self.id} still runs after {timeout} s")
             await asyncio.sleep(0.05)
             result = await self.session.command(self.id)
         return result
@@ -272,7 +281,7 @@ class AsyncFiles:
     async def read(self, path: str) -> bytes:
         return await self._session._request(Call("GET", _wire.file_path(self._session.id, path), answer="bytes"))
 
-    async def list(self, path: str = ".") -> list[FileEntry]:
-        answer = await self._session._request(Call("GET", f"/api/v1/sessions/{self._session.id}/files",
-                                                   params={"path": path}))
-        return [FileEntry.from_api(entry) for entry in answer["entries"]]
+    async def list(self, path: str = ".") -> Listing:
+        answer = await self._session._request(Call("GET", _wire.session_path(self._session.id, "/files"),
+                                                   params={"path": _wire.workspace_relative(path)}))
+        return Listing.from_api(answer)

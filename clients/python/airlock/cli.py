@@ -4,8 +4,10 @@
 Exit codes: 0 success; 1 the policy's own tests fail (`policy test`, `policy publish`) or the
 document differs (`policy diff`); 2 usage or configuration; 3 the server refused the request
 (not found, invalid, conflict); 65 the policy document is not valid; 69 the server cannot be
-reached or is unavailable; 77 denied by the policy (reason and hint on stderr). `exec` exits with
-the command's own code, 124 when it timed out, 137 when it was killed, 70 when it could not run."""
+reached or is unavailable; 126 denied by the policy (reason and hint on stderr). `exec` exits
+with the command's own code, and above it, as `docker run` does, with 124 when the command timed
+out, 125 when Airlock failed (refused, unreachable, the sandbox could not run it), 126 when the
+policy denied it, 137 when it was killed."""
 
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ EXIT_USAGE = 2
 EXIT_REFUSED = 3
 EXIT_INVALID_POLICY = 65
 EXIT_UNAVAILABLE = 69
-EXIT_NOT_RUN = 70
-EXIT_DENIED = 77
 EXIT_TIMEOUT = 124
+EXIT_AIRLOCK_FAILED = 125  # exec: Airlock's own failure, kept apart from the command's codes
+EXIT_DENIED = 126
 EXIT_KILLED = 137
+EXIT_BROKEN_PIPE = 141
 
 
 class Styles:
@@ -161,7 +164,7 @@ def execute(client: Airlock, args: argparse.Namespace) -> int:
 def _exit_code(result: CommandResult) -> int:
     if result.exit_code is not None and result.reason == "exited":
         return result.exit_code
-    return {"timeout": EXIT_TIMEOUT, "killed": EXIT_KILLED}.get(result.reason, EXIT_NOT_RUN)
+    return {"timeout": EXIT_TIMEOUT, "killed": EXIT_KILLED}.get(result.reason, EXIT_AIRLOCK_FAILED)
 
 
 def denials(client: Airlock, args: argparse.Namespace) -> int:
@@ -255,7 +258,7 @@ def mcp(client: Airlock, args: argparse.Namespace) -> int:
     client.close()
     return mcp_server.serve(url=args.url, api_key=args.api_key, transport=args.transport, host=args.host,
                             port=args.port, policy=args.policy, conversation_id=args.conversation,
-                            idle_timeout_s=args.idle_timeout)
+                            idle_timeout_s=args.idle_timeout, token=args.token)
 
 
 # -- the parser ----------------------------------------------------------------------------------
@@ -339,6 +342,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8765, help="for http")
     serve.add_argument("--policy", help="the policy of the sessions it opens (default: default)")
     serve.add_argument("--conversation", help="the conversation id of its sessions (default: one per MCP session)")
+    serve.add_argument("--token", default=os.environ.get("AIRLOCK_MCP_TOKEN"),
+                       help="http: the bearer token clients must send (AIRLOCK_MCP_TOKEN; default: a new one, printed)")
     serve.add_argument("--idle-timeout", type=float, default=1800.0, metavar="SECONDS",
                        help="end an Airlock session unused this long (default: 1800)")
     serve.set_defaults(run=mcp)
@@ -368,16 +373,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.hint:
             print(f"airlock: hint: {exc.hint}", file=sys.stderr)
         return EXIT_DENIED
-    except (ConnectionFailed, Timeout, Unavailable) as exc:
-        print(f"airlock: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
     except AirlockError as exc:
         if args.json:
             _print_json({"error": exc.code, "detail": exc.detail, "fields": exc.fields})
         fields = "".join(f"\n  {name}: {problem}" for name, problem in exc.fields.items())
         print(f"airlock: {exc.code}: {exc.detail}{fields}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if isinstance(exc, ServerError) else EXIT_REFUSED
+        if args.verb == "exec":
+            return EXIT_AIRLOCK_FAILED
+        unavailable = isinstance(exc, ConnectionFailed | Timeout | Unavailable | ServerError)
+        return EXIT_UNAVAILABLE if unavailable else EXIT_REFUSED
+    except BrokenPipeError:  # `airlock … | head`: the reader left
+        sys.stderr.close()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
+        if args.verb == "exec":
+            print(f"\nairlock: interrupted; the command goes on in session {args.session} "
+                  f"(stop it: airlock session kill {args.session})", file=sys.stderr)
         return 130
 
 

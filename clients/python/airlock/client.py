@@ -5,6 +5,7 @@ files, and ends when its `with` block does. aio.py is the same client for asynci
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -16,8 +17,8 @@ from websockets.sync.client import ClientConnection, connect
 
 from airlock import _wire
 from airlock._wire import Call, Demux, Retry
-from airlock.errors import AirlockError, Conflict, NotFound, Unauthorized, WaitTimeout
-from airlock.models import CommandResult, Decision, FileEntry, Output, SessionInfo
+from airlock.errors import AirlockError, BadRequest, Conflict, NotFound, Unauthorized, WaitTimeout
+from airlock.models import CommandResult, Decision, Listing, Output, SessionInfo
 
 OnOutput = Callable[[Output], object]
 
@@ -52,7 +53,7 @@ class Airlock:
                 if delay is None:
                     raise error from None
             else:
-                again = _wire.retryable(response.status_code, response.content)
+                again = _wire.retryable(call.method, response.status_code, response.content)
                 delay = self.retry.delay(attempt, response.headers.get("retry-after")) if again else None
                 if delay is None:
                     return _wire.outcome(call, response.status_code, response.headers, response.content)
@@ -89,7 +90,7 @@ class Sessions:
         return Session(self._client, self.get(session_id), None)
 
     def get(self, session_id: str) -> SessionInfo:
-        return SessionInfo.from_api(self._client.request(Call("GET", f"/api/v1/sessions/{session_id}")))
+        return SessionInfo.from_api(self._client.request(Call("GET", _wire.session_path(session_id))))
 
     def list(self, *, state: str = "", conversation_id: str = "") -> list[SessionInfo]:
         params = {key: value for key, value in (("state", state), ("conversation_id", conversation_id)) if value}
@@ -97,10 +98,10 @@ class Sessions:
                                                                                  params=params))]
 
     def end(self, session_id: str) -> SessionInfo:
-        return SessionInfo.from_api(self._client.request(Call("DELETE", f"/api/v1/sessions/{session_id}")))
+        return SessionInfo.from_api(self._client.request(Call("DELETE", _wire.session_path(session_id))))
 
     def kill(self, session_id: str) -> SessionInfo:
-        return SessionInfo.from_api(self._client.request(Call("POST", f"/api/v1/sessions/{session_id}/kill")))
+        return SessionInfo.from_api(self._client.request(Call("POST", _wire.session_path(session_id, "/kill"))))
 
 
 class Session:
@@ -112,6 +113,7 @@ class Session:
         self.files = Files(self)
         self._socket: ClientConnection | None = None
         self._sockets = contextlib.ExitStack()
+        self._reading = threading.Lock()
         self._demux = Demux()
 
     def _request(self, call: Call) -> Any:
@@ -141,21 +143,22 @@ class Session:
         return CommandHandle(self, answer["id"], Decision.from_api(answer.get("decision") or {}), on_output)
 
     def command(self, command_id: str) -> CommandResult:
-        return CommandResult.from_api(self._request(Call("GET", f"/api/v1/sessions/{self.id}/commands/{command_id}")))
+        answer = self._request(Call("GET", _wire.session_path(self.id, f"/commands/{command_id}")))
+        return CommandResult.from_api(answer)
 
     def refresh(self) -> SessionInfo:
-        self.info = SessionInfo.from_api(self._request(Call("GET", f"/api/v1/sessions/{self.id}")))
+        self.info = SessionInfo.from_api(self._request(Call("GET", _wire.session_path(self.id))))
         return self.info
 
     def end(self) -> SessionInfo:
         """End the session: its sandbox goes, its token stops working."""
-        self.info = SessionInfo.from_api(self._client.request(Call("DELETE", f"/api/v1/sessions/{self.id}")))
+        self.info = SessionInfo.from_api(self._client.request(Call("DELETE", _wire.session_path(self.id))))
         self._close_stream()
         return self.info
 
     def kill(self) -> SessionInfo:
         """Kill it now: the running command ends `killed`, and so does the session."""
-        self.info = SessionInfo.from_api(self._client.request(Call("POST", f"/api/v1/sessions/{self.id}/kill")))
+        self.info = SessionInfo.from_api(self._client.request(Call("POST", _wire.session_path(self.id, "/kill"))))
         return self.info
 
     def _stream(self) -> ClientConnection | None:
@@ -165,8 +168,10 @@ class Session:
             try:
                 self._socket = self._sockets.enter_context(connect(
                     _wire.stream_url(self._client.url, self.id),
-                    subprotocols=_wire.subprotocols(self.token or self._client._api_key),
+                    subprotocols=_wire.subprotocols(self.token),
                     open_timeout=self._client.connect_timeout, max_size=2**24, user_agent_header=_wire.USER_AGENT))
+                if self.token is None:  # the API key: in the first message, not a header a proxy may log
+                    self._socket.send(_wire.auth_message(self._client._api_key))
                 self._demux.feed(self._socket.recv(timeout=self._client.read_timeout))  # the opening state
             except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed):
                 self._close_stream()
@@ -176,6 +181,8 @@ class Session:
         """Read what the stream sends within `timeout` s; False when there is no stream."""
         if self._socket is None:
             return False
+        if not self._reading.acquire(timeout=timeout):  # another thread reads: it feeds the same demux
+            return True
         try:
             self._demux.feed(self._socket.recv(timeout=timeout))
         except TimeoutError:
@@ -183,6 +190,8 @@ class Session:
         except ConnectionClosed:
             self._close_stream()
             return False
+        finally:
+            self._reading.release()
         return True
 
     def _close_stream(self) -> None:
@@ -237,6 +246,8 @@ class CommandHandle:
             return streamed
         result = self.session.command(self.id)
         while not result.finished:  # the session ended under it: its end is being written
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout("wait_timeout", f"command {self.id} still runs after {timeout} s")
             time.sleep(0.05)
             result = self.session.command(self.id)
         return result
@@ -265,10 +276,11 @@ class Files:
     def read(self, path: str) -> bytes:
         return self._session._request(Call("GET", _wire.file_path(self._session.id, path), answer="bytes"))
 
-    def list(self, path: str = ".") -> list[FileEntry]:
-        answer = self._session._request(Call("GET", f"/api/v1/sessions/{self._session.id}/files",
-                                             params={"path": path}))
-        return [FileEntry.from_api(entry) for entry in answer["entries"]]
+    def list(self, path: str = ".") -> Listing:
+        """The files under `path`, depth first; `.truncated` when there were more than it tells."""
+        answer = self._session._request(Call("GET", _wire.session_path(self._session.id, "/files"),
+                                             params={"path": _wire.workspace_relative(path)}))
+        return Listing.from_api(answer)
 
 
 class Policies:
@@ -279,21 +291,27 @@ class Policies:
 
     def review(self, name: str, source: str, *, replay: bool = False) -> dict[str, Any]:
         """Check a document without saving it: lint, its own tests, the diff against what is
-        published. Raises PolicyInvalid (with `errors` at their lines) when it is not valid."""
-        return self._client.request(Call("POST", f"/api/v1/policies/{name}/review",
+        published (nothing, for a policy that does not exist yet). Raises PolicyInvalid (with
+        `errors` at their lines) when it is not valid."""
+        return self._client.request(Call("POST", _wire.policy_path(name, "/review"),
                                          json={"source": source, "replay": replay}))
 
     def get(self, name: str) -> dict[str, Any]:
-        return self._client.request(Call("GET", f"/api/v1/policies/{name}"))
+        return self._client.request(Call("GET", _wire.policy_path(name)))
 
     def publish(self, name: str, source: str, *, note: str) -> dict[str, Any]:
-        """Save the document as a new version (creating the policy if need be) and publish it;
-        the publish is refused (BadRequest, fields `tests`) if its own tests fail."""
+        """Save the document as a new version (creating the policy if need be) and publish it.
+        Its own tests run first: when one fails, nothing is saved (BadRequest, field `tests`)."""
+        review = self.review(name, source)
+        if review["tests_failed"]:
+            failures = [f"test {o['index']}: expected {o['expected']}, got {o['got']}" for o in review["tests"]
+                        if not o["passed"]]
+            raise BadRequest("invalid_request", "the document's own tests fail", fields={"tests": failures})
         try:
             self.get(name)
         except NotFound:
             self._client.request(Call("POST", "/api/v1/policies", json={"name": name}))
-        version = self._client.request(Call("POST", f"/api/v1/policies/{name}/versions",
+        version = self._client.request(Call("POST", _wire.policy_path(name, "/versions"),
                                             json={"source": source, "note": note}))
-        return self._client.request(Call("POST", f"/api/v1/policies/{name}/versions/{version['number']}/publish",
+        return self._client.request(Call("POST", _wire.policy_path(name, f"/versions/{version['number']}/publish"),
                                          json={"note": note}))

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import secrets
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,8 +32,10 @@ from airlock.aio import AsyncAirlock, AsyncSession
 from airlock.errors import AirlockError, Denied
 
 SESSION_HEADER = "mcp-session-id"
+MAX_SESSIONS = 32
 IDLE_TIMEOUT_S = 1800.0
 READ_LIMIT_CHARS = 100_000
+LIST_LIMIT = 1000  # entries shown to the model; `truncated` says when there were more
 INSTRUCTIONS = (
     "Run programs in an isolated Airlock sandbox whose policy decides what may run. The workspace is /workspace: "
     "write files there, run commands, read results. Pass back the `session_id` a result gave you to keep using the "
@@ -45,14 +50,17 @@ SessionArg = Annotated[str | None, Field(description="the session_id an earlier 
 class Entry:
     session: AsyncSession | None = None
     used: float = field(default_factory=time.monotonic)
+    busy: int = 0  # calls in flight: an entry with one is never idle
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Sessions:
     """The Airlock session of each MCP session, by key (`stdio`, or the MCP session id)."""
 
-    def __init__(self, client: AsyncAirlock, *, policy: str | None, conversation_id: str | None):
+    def __init__(self, client: AsyncAirlock, *, policy: str | None, conversation_id: str | None,
+                 max_sessions: int = MAX_SESSIONS):
         self.client, self.policy, self.conversation_id = client, policy, conversation_id
+        self.max_sessions = max_sessions
         self.entries: dict[str, Entry] = {}
 
     async def get(self, key: str | None, session_id: str | None = None) -> tuple[str, AsyncSession]:
@@ -68,6 +76,9 @@ class Sessions:
             key = next(k for k, e in self.entries.items() if e is entry)
         else:
             key = key or f"call-{uuid.uuid4().hex}"
+            if key not in self.entries and len(self.entries) >= self.max_sessions:
+                raise ToolError(f"too_many_sessions: this server holds {self.max_sessions} sessions already; pass "
+                                "the session_id of one of yours, or wait for idle ones to end")
             entry = self.entries.setdefault(key, Entry())
         entry.used = time.monotonic()
         async with entry.lock:  # two first calls at once open one session
@@ -87,7 +98,8 @@ class Sessions:
 
     async def close_idle(self, idle_s: float) -> None:
         now = time.monotonic()
-        for key in [key for key, entry in self.entries.items() if now - entry.used > idle_s]:
+        for key in [key for key, entry in self.entries.items()
+                    if not entry.busy and not entry.lock.locked() and now - entry.used > idle_s]:
             await self.close(key)
 
     async def close_all(self) -> None:
@@ -135,11 +147,19 @@ def build(client: AsyncAirlock, *, policy: str | None = None, conversation_id: s
     async def using(ctx: Context, session_id: str | None, work: Callable[[AsyncSession], Awaitable[T]]) -> tuple[
             AsyncSession, T]:
         """The call's Airlock session and what `work` made of it; an Airlock error as a tool error."""
+        key, entry = _key(ctx), None
         try:
-            session = (await registry.get(_key(ctx), session_id))[1]
+            key, session = await registry.get(key, session_id)
+            entry = registry.entries.get(key)
+            if entry is not None:
+                entry.busy += 1
             return session, await work(session)
         except AirlockError as exc:
             raise _tool_error(exc) from None
+        finally:
+            if entry is not None:
+                entry.busy -= 1
+                entry.used = time.monotonic()
 
     @server.tool(description="Run one program in the sandbox (no shell: a program name and its arguments) and "
                  "return its exit code, how it ended and the tail of its output. The policy decides what may run; "
@@ -187,30 +207,49 @@ def build(client: AsyncAirlock, *, policy: str | None = None, conversation_id: s
         session_id: SessionArg = None,
     ) -> dict[str, Any]:
         session, entries = await using(ctx, session_id, lambda s: s.files.list(path))
-        return {"entries": [{"path": e.path, "type": e.type, "size": e.size} for e in entries],
-                "session_id": session.id}
+        shown = entries[:LIST_LIMIT]
+        return {"entries": [{"path": e.path, "type": e.type, "size": e.size} for e in shown],
+                "truncated": entries.truncated or len(entries) > LIST_LIMIT, "session_id": session.id}
 
     return server, registry
 
 
-def http_app(server: MCPServer, registry: Sessions, *, idle_timeout_s: float = IDLE_TIMEOUT_S) -> Any:
-    """The streamable HTTP app, and the end of an MCP session (its DELETE, its idle timeout)
-    ending its Airlock session too."""
-    app = server.streamable_http_app(session_idle_timeout=idle_timeout_s)
+def http_app(server: MCPServer, registry: Sessions, *, token: str, host: str = "127.0.0.1",
+             idle_timeout_s: float = IDLE_TIMEOUT_S) -> Any:
+    """The streamable HTTP app behind a bearer token (whoever holds it acts with this server's
+    API key), and an MCP session's DELETE ending its Airlock session once the SDK accepted it."""
+    app = server.streamable_http_app(session_idle_timeout=idle_timeout_s, host=host)
+    expected = f"Bearer {token}".encode()
 
     async def wrapped(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "DELETE":
-            key = dict(scope.get("headers") or []).get(SESSION_HEADER.encode())
-            if key:
-                await registry.close(key.decode("latin-1"))
-        await app(scope, receive, send)
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if not hmac.compare_digest(headers.get(b"authorization", b""), expected):
+            body = b'{"error": "unauthorized", "detail": "send Authorization: Bearer <the token airlock mcp printed>"}'
+            await send({"type": "http.response.start", "status": 401, "headers": [
+                (b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="airlock-mcp"')]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        status: list[int] = []
+
+        async def watch(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        await app(scope, receive, watch)
+        key = headers.get(SESSION_HEADER.encode())
+        if scope["method"] == "DELETE" and key and status and status[0] < 400:
+            await registry.close(key.decode("latin-1"))
 
     return wrapped
 
 
 def serve(*, url: str | None, api_key: str | None, transport: str = "stdio", host: str = "127.0.0.1",
           port: int = 8765, policy: str | None = None, conversation_id: str | None = None,
-          idle_timeout_s: float = IDLE_TIMEOUT_S) -> int:
+          idle_timeout_s: float = IDLE_TIMEOUT_S, token: str | None = None) -> int:
     client = AsyncAirlock(url, api_key)
     server, registry = build(client, policy=policy, conversation_id=conversation_id, idle_timeout_s=idle_timeout_s)
     if transport == "stdio":
@@ -218,6 +257,10 @@ def serve(*, url: str | None, api_key: str | None, transport: str = "stdio", hos
         return 0
     import uvicorn
 
-    uvicorn.run(http_app(server, registry, idle_timeout_s=idle_timeout_s), host=host, port=port,
-                log_level="warning", lifespan="on")
+    if not token:
+        token = secrets.token_urlsafe(32)
+        print(f"airlock mcp: http://{host}:{port}/mcp  token (send as Authorization: Bearer): {token}",
+              file=sys.stderr, flush=True)
+    uvicorn.run(http_app(server, registry, token=token, host=host, idle_timeout_s=idle_timeout_s), host=host,
+                port=port, log_level="warning", lifespan="on")
     return 0

@@ -101,3 +101,16 @@ class FileEntry:
     def from_api(cls, body: dict[str, Any]) -> FileEntry:
         return cls(path=body["path"], type=body["type"], size=body.get("size"), mode=body.get("mode", ""),
                    mtime=int(body.get("mtime") or 0))
+
+
+class Listing(list[FileEntry]):
+    """A directory's files, as a list; `truncated`: there were more than the server tells (10,000,
+    or deeper than 32 levels)."""
+
+    truncated: bool = False
+
+    @classmethod
+    def from_api(cls, body: dict[str, Any]) -> Listing:
+        listing = cls(FileEntry.from_api(entry) for entry in body.get("entries") or [])
+        listing.truncated = bool(body.get("truncated"))
+        return listing
