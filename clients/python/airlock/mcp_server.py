@@ -55,7 +55,8 @@ class Entry:
 
 
 class Sessions:
-    """The Airlock session of each MCP session, by key (`stdio`, or the MCP session id)."""
+    """The Airlock session of each MCP session, by key: `stdio`, the MCP session id, or (HTTP
+    without MCP sessions) the Airlock session's own id."""
 
     def __init__(self, client: AsyncAirlock, *, policy: str | None, conversation_id: str | None,
                  max_sessions: int = MAX_SESSIONS):
@@ -84,7 +85,11 @@ class Sessions:
         async with entry.lock:  # two first calls at once open one session
             if entry.session is None:
                 conversation = self.conversation_id or f"mcp-{uuid.uuid4().hex[:12]}"
-                entry.session = await self.client.sessions.create(conversation, self.policy)
+                try:
+                    entry.session = await self.client.sessions.create(conversation, self.policy)
+                except AirlockError:  # none was opened: the entry holds no place
+                    self.entries.pop(key, None)
+                    raise
         if key.startswith("call-"):  # stateless: found again by its session's id
             self.entries[entry.session.id] = self.entries.pop(key)
             key = entry.session.id
