@@ -26,6 +26,7 @@ class Review:
     tests: list[TestOutcome] = field(default_factory=list)
     diff: list[DiffLine] = field(default_factory=list)
     replay: ReplayResult | None = None
+    published: int | None = None  # the number of the version the diff is against
 
     @property
     def error_lines(self) -> list[int]:
@@ -43,9 +44,10 @@ def review(*, policy: Policy, source: str, number: int = 0, with_replay: bool = 
     try:
         document = parse_yaml(source)
     except DocumentError as exc:
-        return Review(document=None, errors=exc.errors, diff=diff)
+        return Review(document=None, errors=exc.errors, diff=diff, published=published.number if published else None)
     ref = VersionRef(policy.name, number, document.sha256())
-    result = Review(document=document, warnings=lint(document), tests=run_tests(document, ref), diff=diff)
+    result = Review(document=document, warnings=lint(document), tests=run_tests(document, ref), diff=diff,
+                    published=published.number if published else None)
     if with_replay:
         result.replay = replay(policy=policy, compiled=compile_policy(document, ref), limit=replay_limit)
     return result

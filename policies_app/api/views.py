@@ -156,9 +156,8 @@ def policy_review(request, name: str):
     if result.document is None:
         return Response({"error": "invalid_policy", "detail": f"the document has {len(result.errors)} error(s)",
                          "errors": result.errors, "diff": diff}, status=status.HTTP_400_BAD_REQUEST)
-    published = policy.published_version() if policy.pk else None
     return Response({
-        "sha256": result.document.sha256(), "published": published.number if published else None,
+        "sha256": result.document.sha256(), "published": result.published,
         "lint": [asdict(warning) for warning in result.warnings],
         "tests": [asdict(outcome) for outcome in result.tests], "tests_failed": result.tests_failed,
         "diff": diff, "replay": asdict(result.replay) if result.replay else None,
