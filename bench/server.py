@@ -72,7 +72,9 @@ def start_server(policy: str, *, admission: bool = False, **extra_env: str) -> t
                               capture_output=True, text=True).stdout
 
     manage("migrate", "--no-input", "-v", "0")
-    key = re.search(r"alk_\S+", manage("demo_setup")).group(0)
+    printed = manage("demo_setup")
+    (data / "demo_setup.txt").write_text(printed)  # the login too, for benchmarks that drive a browser
+    key = re.search(r"alk_\S+", printed).group(0)
     manage("shell", "-c", SEED)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -5,20 +5,43 @@ for the dashboard; the API's handler, controlplane/api/handler.py, sends it itse
 The dashboard's pages load scripts, styles, fonts and images only from this origin (static/,
 vendored, docs/architecture.md "Browser"), talk only to it (fetch and the live WebSockets: CSP's
 'self' covers ws: and wss: of the same host), and run no inline script or style; no other site
-may frame them. API answers are data: they may load nothing."""
+may frame them. API answers are data: they may load nothing.
+
+One exception, kept narrow: the terminal (xterm.js) writes its colours and cell sizes into
+`<style>` elements it creates, and takes no nonce (upstream: xtermjs/xterm.js#4445). Every page's
+policy therefore admits styles carrying this response's nonce (`request.csp_nonce`, in the page's
+`<meta name="csp-nonce">`), which only a script of this origin can read and stamp: markup injected
+into a page still cannot style it. xterm.js also writes a truecolour cell's colour as the cell's
+`style` attribute: a page that shows a terminal (its response's `terminal_styles` set) admits style
+attributes too (`style-src-attr 'unsafe-inline'`; never scripts, never `<style>` elements).
+CodeMirror needs neither (constructed style sheets)."""
+
+import secrets
 
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.utils.decorators import sync_and_async_middleware
 
-DASHBOARD = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
-             "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+DASHBOARD = ("default-src 'self'; script-src 'self'; style-src 'self' 'nonce-{nonce}'; img-src 'self' data:; "
+             "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+             "frame-ancestors 'none'")
 API = "default-src 'none'; frame-ancestors 'none'"
 API_PREFIX = "/api/v1/"  # the agent API (its own handler in production: controlplane/api/handler.py)
 
 
-def policy_for(path: str) -> str:
-    return API if path.startswith(API_PREFIX) else DASHBOARD
+TERMINAL_STYLES = "; style-src-attr 'unsafe-inline'"
+
+
+def policy_for(request, response) -> str:
+    if request.path.startswith(API_PREFIX):
+        return API
+    policy = DASHBOARD.format(nonce=request.csp_nonce)
+    return policy + TERMINAL_STYLES if getattr(response, "terminal_styles", False) else policy
+
+
+def _with_nonce(request):
+    request.csp_nonce = secrets.token_urlsafe(16)
+    return request
 
 
 def transport_security(secure: bool) -> str | None:
@@ -34,12 +57,12 @@ def content_security_policy(get_response):
     """Async when the chain is (no hop to a thread for one header)."""
     if iscoroutinefunction(get_response):
         async def middleware(request):
-            response = await get_response(request)
-            response.headers.setdefault("Content-Security-Policy", policy_for(request.path))
+            response = await get_response(_with_nonce(request))
+            response.headers.setdefault("Content-Security-Policy", policy_for(request, response))
             return response
     else:
         def middleware(request):
-            response = get_response(request)
-            response.headers.setdefault("Content-Security-Policy", policy_for(request.path))
+            response = get_response(_with_nonce(request))
+            response.headers.setdefault("Content-Security-Policy", policy_for(request, response))
             return response
     return middleware

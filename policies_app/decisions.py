@@ -238,9 +238,13 @@ class ReplayResult:
 
 def replay(*, policy: Policy, compiled: CompiledPolicy, limit: int = REPLAY_DEFAULT, examples: int = 3) -> ReplayResult:
     """Re-judge the last `limit` requests recorded under this policy; report where the verdict
-    flips. A verdict is the rules' (effect `allow` or not), so audit mode does not hide a flip.
-    Requests are stored redacted, so a flip that hinges on a redacted value is not seen; what an
-    exception allowed, and what egress's guards refused, is not the rules' verdict and is left out."""
+    flips against the version published now (what publishing the candidate would change), or
+    against the verdict recorded at the time when nothing is published. A verdict is the rules'
+    (effect `allow` or not), so audit mode does not hide a flip. Requests are stored redacted, so
+    a flip that hinges on a redacted value is not seen; what an exception allowed, and what
+    egress's guards refused, is not the rules' verdict and is left out."""
+    published = policy.published_version()
+    current = compiled_version(published) if published is not None else None
     records = (DecisionRecord.objects.filter(tenant=policy.tenant, kind__in=EVALUATORS, policy_version__policy=policy)
                .exclude(rule_id__startswith=exceptions.RULE_PREFIX)
                .exclude(kind="egress", reason_code__in=egress.GUARD_REASONS).order_by("-created_at")
@@ -249,7 +253,7 @@ def replay(*, policy: Policy, compiled: CompiledPolicy, limit: int = REPLAY_DEFA
     replayed = widenings = breakages = 0
     for request, effect, kind in records.iterator(chunk_size=2000):
         replayed += 1
-        was_allowed = effect == "allow"
+        was_allowed = EVALUATORS[kind](current, request).effect == "allow" if current else effect == "allow"
         now = EVALUATORS[kind](compiled, request)
         if (now.effect == "allow") == was_allowed:
             continue

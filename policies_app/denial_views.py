@@ -103,6 +103,7 @@ def denial_detail(request, decision_id):
 def _render_denial(request, record: DecisionRecord, exception_form: ExceptionForm | None = None, status: int = 200):
     return render(request, "policies_app/denial_detail.html", {
         "section": "denials", "record": record, "not_narrowable": narrowing.why_not(record),
+        "newer": narrowing.newer_verdicts(record),
         "request_json": json.dumps(record.request, indent=2, ensure_ascii=False),
         "allow_form": AllowThisForm(), "exception_form": exception_form or ExceptionForm(),
         "exceptions": exception_list(request.tenant).filter(from_decision=record.pk)}, status=status)
@@ -123,6 +124,10 @@ def denial_allow(request, decision_id):
             raise narrowing.NotNarrowable("choose when the rule expires, or never")
         version = narrowing.draft_allowing(record=record, actor=request.user,
                                            expires=_lifetime(form.cleaned_data["expires"]))
+    except narrowing.DraftExists as exc:
+        messages.info(request, f"v{exc.version.number} is already this draft (nothing new was saved): read its "
+                      "replay, then publish it.")
+        return redirect("policy-version", request.tenant.slug, exc.version.policy.name, exc.version.number)
     except (narrowing.NotNarrowable, DocumentError) as exc:
         messages.error(request, f"Cannot draft a rule for this denial: {exc}")
         return redirect("denial", request.tenant.slug, record.pk)

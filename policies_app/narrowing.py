@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 import yaml
 from pydantic import ValidationError
 
-from policies_app import egress, lint, services
-from policies_app.document import BARE_NAME, PolicyDocument
-from policies_app.engine import VersionRef, compile_policy, evaluate
+from policies_app import egress, lint, services, yamledit
+from policies_app.document import BARE_NAME, DocumentError, PolicyDocument, parse_yaml
+from policies_app.engine import VersionRef, compile_policy, evaluate, evaluate_egress
 from policies_app.models import DecisionRecord, PolicyVersion
 
 NARROWABLE = {"bin_not_allowed", "arg_denied", "default_deny"}
@@ -29,8 +29,39 @@ class NotNarrowable(Exception):
     pass
 
 
+class DraftExists(Exception):
+    """The draft asked for is already there, unpublished: `version`."""
+
+    def __init__(self, version: PolicyVersion):
+        super().__init__(f"v{version.number} is already this draft")
+        self.version = version
+
+
+def newer_verdicts(record: DecisionRecord) -> list[tuple[PolicyVersion, str, bool]]:
+    """How the versions of the policy made after the one that decided judge the same request
+    now: (version, its state, allowed), for the published version and the newest draft, when
+    they are newer. A session keeps the version it was opened with, so a denial may come from a
+    version older than what is published (docs/architecture.md, "Policy document")."""
+    judge = {"exec": evaluate, "egress": evaluate_egress}.get(record.kind)
+    if judge is None or record.policy_version_id is None or not isinstance(record.request, dict):
+        return []
+    policy = record.policy_version.policy
+    published = policy.published_version()
+    newest = policy.versions.order_by("-number").first()
+    verdicts = []
+    for version in dict.fromkeys(v for v in (published, newest) if v and v.number > record.policy_version.number):
+        compiled = compile_policy(PolicyDocument.model_validate(version.document),
+                                  VersionRef(policy.name, version.number, version.sha256))
+        verdicts.append((version, version.state(published), judge(compiled, record.request).effect == "allow"))
+    return verdicts
+
+
 def why_not(record: DecisionRecord) -> str | None:
     """Why this denial cannot become a rule (or an exception), or None when it can."""
+    for version, state, allowed in newer_verdicts(record):
+        if state == "published" and allowed:
+            return (f"v{version.number}, published since, already allows it: sessions opened from now on may run "
+                    f"it (this one kept v{record.policy_version.number}, the version it was opened with)")
     if record.kind == "egress":
         return _why_not_egress(record)
     if reason := _not_a_rules_request(record):
@@ -86,16 +117,23 @@ def _draft_egress(record: DecisionRecord, actor) -> PolicyVersion:
     base = record.policy_version.policy.published_version() or record.policy_version
     document = dict(base.document)
     network = dict(document.get("network") or {})
-    was = network.get("egress", "none")
-    network["allow"] = [*(network.get("allow", []) if was == "allowlist" else []), entry]
+    was, listed = network.get("egress", "none"), network.get("allow", [])
+    network["allow"] = [*(listed if was == "allowlist" else []), entry]
     network["egress"] = "allowlist"
     document["network"] = network
-    header = (f"# Drafted by \"Allow this\" from denial {record.id} ({record.reason_code}) on v{base.number}:\n"
-              f"# network.allow gains exactly {entry}"
-              + (" (egress was none: now an allowlist of that one entry)" if was != "allowlist" else "") + ".\n")
-    return services.version_create(
-        policy=base.policy, source=header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True),
-        actor=actor, note=f"Allow this: egress to {entry} (denial {record.id})", parent=base)
+    what = (f"network.allow gains exactly {entry}"
+            + (" (egress was none: now an allowlist of that one entry)" if was != "allowlist" else ""))
+    comment = f"Allow this: denial {record.id} ({record.reason_code}) on v{base.number}: {what}"
+
+    def edit(source: str) -> str:
+        if was != "allowlist":
+            if listed:  # entries that egress: none ignored; the draft drops them, as its document says
+                raise yamledit.Unsupported("network.allow lists entries while egress is none")
+            source = yamledit.set_scalar(source, ("network", "egress"), "allowlist")
+        return yamledit.append_item(source, ("network", "allow"), entry, comment=comment)
+
+    return _save_draft(base, _edited(base, document, edit, record, what), actor,
+                       note=f"Allow this: egress to {entry} (denial {record.id})")
 
 
 def _not_a_rules_request(record: DecisionRecord) -> str | None:
@@ -136,13 +174,42 @@ def draft_allowing(*, record: DecisionRecord, actor, expires: datetime | None = 
             raise NotNarrowable("an allowlist entry has no expiry; grant a temporary exception instead")
         return _draft_egress(record, actor)
     document, rule, request, base = _drafted(record, expires)
-    policy = base.policy
     until = f" until {rule['expires']}" if expires else ""
+    command = " ".join([rule["bin"], *request["args"]])
+    what = f"rule {rule['id']} allows exactly `{command}`{until}"
+    comment = f"Allow this: denial {record.id} ({record.reason_code}) on v{base.number}: {what}"
+
+    def edit(source: str) -> str:
+        source = yamledit.append_item(source, ("commands",), rule, comment=comment)
+        return yamledit.append_item(source, ("tests",), document["tests"][-1])
+
+    return _save_draft(base, _edited(base, document, edit, record, what), actor,
+                       note=f"Allow this: `{command}` (denial {record.id})")
+
+
+def _edited(base: PolicyVersion, document: dict, edit, record: DecisionRecord, what: str) -> str:
+    """The draft's source: the base's own source with only the change added (comments, order and
+    layout kept), checked to parse to exactly `document`; else, where the edit cannot be made so
+    (policies_app/yamledit.py), the whole document written anew under a comment that says so."""
+    expected = PolicyDocument.model_validate(document).sha256()
+    try:
+        source = edit(base.source)
+        if parse_yaml(source).sha256() == expected:
+            return source
+    except (yamledit.Unsupported, DocumentError):
+        pass
     header = (f"# Drafted by \"Allow this\" from denial {record.id} ({record.reason_code}) on v{base.number}:\n"
-              f"# rule {rule['id']} allows exactly `{' '.join([rule['bin'], *request['args']])}`{until}.\n")
-    return services.version_create(
-        policy=policy, source=header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True), actor=actor,
-        note=f"Allow this: `{' '.join([rule['bin'], *request['args']])}` (denial {record.id})", parent=base)
+              f"# {what}. v{base.number}'s layout could not be kept, so the document is written anew.\n")
+    return header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+
+
+def _save_draft(base: PolicyVersion, source: str, actor, *, note: str) -> PolicyVersion:
+    """A new draft on `base`, unless a draft made since `base` already holds exactly this document."""
+    sha256 = parse_yaml(source).sha256()
+    existing = base.policy.versions.filter(sha256=sha256, number__gt=base.number).order_by("number").first()
+    if existing is not None and existing.state(base.policy.published_version()) == "draft":
+        raise DraftExists(existing)
+    return services.version_create(policy=base.policy, source=source, actor=actor, note=note, parent=base)
 
 
 def _drafted(record: DecisionRecord, expires: datetime | None = None) -> tuple[dict, dict, dict, PolicyVersion]:

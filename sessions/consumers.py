@@ -19,7 +19,9 @@ and counted, and the next event it lets through is preceded by `lagged`; state a
 events are kept. What the channel layer itself dropped (a full queue, under load) may include a
 command's end or a state change: once anything went missing, the consumer reconciles with the
 database every RECONCILE_S until no command it knows of is running, and sends the ends and the
-state it finds there (marked `reconciled`), so a subscriber always learns how each command ended."""
+state it finds there (marked `reconciled`), so a subscriber always learns how each command ended; a
+command's end only once its output has stopped arriving (RECONCILE_S without any), so the end is
+never shown above output still on its way."""
 
 import asyncio
 import collections
@@ -133,6 +135,7 @@ class SessionConsumer(OneWayJsonConsumer):
         self.unended: set[str] = set()  # commands seen starting whose end has not been sent
         self.ended: set[str] = set()
         self.reconciler: asyncio.Task | None = None
+        self.output_at: dict[str, float] = {}  # a command's last output delivered (loop time)
         offered = self.scope.get("subprotocols") or []
         await self.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         session = await _session_for_user(self.scope.get("user"), self.session_id)
@@ -260,6 +263,10 @@ class SessionConsumer(OneWayJsonConsumer):
             self.last_seq = seq
         if event.get("event") == "command.exited" and event["command"] in self.ended:
             return  # reconciliation already sent it
+        if event.get("event") == "command.output":
+            self.output_at[event["command"]] = asyncio.get_running_loop().time()
+        elif event.get("event") == "command.exited":
+            self.output_at.pop(event["command"], None)
         self._post(event)
 
     def _reconcile_soon(self) -> None:
@@ -275,9 +282,14 @@ class SessionConsumer(OneWayJsonConsumer):
             await asyncio.sleep(pause)
             pause = min(pause * 2, 10.0)
             state, ended, busy = await _session_now(self.session_id, set(self.unended), self.joined_at)
+            now = asyncio.get_running_loop().time()
             for event in ended:
-                if event["command"] not in self.ended:
-                    self._post(event)
+                if event["command"] in self.ended:
+                    continue
+                if now - self.output_at.get(event["command"], -RECONCILE_S) < RECONCILE_S:
+                    busy = True  # its output still arrives: its end goes after it, on a later pass
+                    continue
+                self._post(event)
             if state["state"] != self.state:
                 self._post(state)
 

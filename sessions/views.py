@@ -38,10 +38,33 @@ def session_list(request):
 @tenant_view("read")
 def session_detail(request, session_id):
     session = selectors.session_get(request.tenant, session_id)
-    return render(request, "sessions/session_detail.html", {
+    response = render(request, "sessions/session_detail.html", {
         "section": "sessions", "session": session, "commands": selectors.command_list(session),
         "decisions": selectors.session_decisions(session)[:500],
     })
+    response.terminal_styles = True  # xterm.js colours truecolour cells by attribute (controlplane/security.py)
+    return response
+
+
+@tenant_view("read")
+def session_output(request, session_id):
+    """What is stored of the session's commands' output (each one's tail, redacted), as a text file."""
+    session = selectors.session_get(request.tenant, session_id)
+    parts = []
+    for command in selectors.command_list(session):
+        parts.append(f"$ {' '.join(command.argv)}\n")
+        if command.truncated:
+            parts.append("[… earlier output cut: only the last part is stored]\n")
+        output = command.output or ""
+        parts.append(output)
+        if command.finished:
+            exit_code = "—" if command.exit_code is None else command.exit_code
+            if output and not output.endswith("\n"):
+                parts.append("\n")
+            parts.append(f"[exit {exit_code} · {command.reason}]\n")
+    response = HttpResponse("".join(parts), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="session-{session.pk}.txt"'
+    return response
 
 
 @require_POST

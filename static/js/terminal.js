@@ -1,145 +1,177 @@
-// A session's live terminal. Output is untrusted: it only ever becomes text nodes; ANSI SGR
-// colour codes become classes, every other escape sequence is dropped.
+// A session's live terminal on xterm.js (static/vendor/xterm): virtualised scrollback, 256 colours
+// and truecolour, `\r` and cursor movement, search, copy, and the stored output to download.
+// Output is untrusted: xterm.js draws it as text, never as HTML. Airlock's own lines (a command's
+// argv, a decision's message) are untrusted too, and have their control characters shown, not run.
 (() => {
-  const MAX_CHARS = 400000;
-  const SGR = /\x1b\[([0-9;]*)m/g;
-  const OTHER_ESCAPES = /\x1b\[[0-9;?]*[ -\/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]/g;
-  const PARTIAL_ESCAPE = /\x1b(?:\[[0-9;?]*[ -\/]*|\][^\x07\x1b]*)?$/;
+  const SCROLLBACK = 10000;
+  const THEME = { background: "#0d1117", foreground: "#d6dde5", cursor: "#0d1117" };
+  const META = "\x1b[2m", PROMPT = "\x1b[1;36m", DENIED = "\x1b[31m", RESET = "\x1b[0m";
+  // After a command: leave the alternate screen and reset modes and colours it may have left set.
+  const SANE = "\x1b[?1047l\x1b[!p";  // 1047, not 1049: that one also moves the cursor back
 
-  class AnsiWriter {
-    constructor(element) { this.element = element; this.style = {}; this.carry = ""; this.chars = 0; }
+  // xterm.js writes its colours and cell sizes into <style> elements it creates, and takes no
+  // nonce (upstream: xtermjs/xterm.js#4445); the page's CSP admits styles carrying this response's
+  // nonce (controlplane/security.py). Stamped at creation, before insertion, as the CSP needs.
+  const nonce = document.querySelector('meta[name="csp-nonce"]')?.content;
+  if (nonce && !document.createElement.airlockNonce) {
+    const create = document.createElement.bind(document);
+    document.createElement = (tag, options) => {
+      const element = create(tag, options);
+      if (String(tag).toLowerCase() === "style") element.setAttribute("nonce", nonce);
+      return element;
+    };
+    document.createElement.airlockNonce = true;
+  }
 
-    write(text, extraClass) {
-      text = this.carry + text;
-      const partial = text.match(PARTIAL_ESCAPE);
-      this.carry = partial ? partial[0] : "";
-      if (partial) text = text.slice(0, partial.index);
-      let last = 0;
-      for (const match of text.matchAll(SGR)) {
-        this.span(text.slice(last, match.index), extraClass);
-        this.apply(match[1]);
-        last = match.index + match[0].length;
-      }
-      this.span(text.slice(last), extraClass);
+  const visible = (text) => String(text).replace(/[\x00-\x1f\x7f-\x9f]/g,
+    (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
+
+  function makeTerminal(element, options = {}) {
+    const terminal = new Terminal({
+      convertEol: true, scrollback: SCROLLBACK, disableStdin: true, cursorBlink: false, cursorInactiveStyle: "none",
+      fontFamily: getComputedStyle(document.body).getPropertyValue("--mono") || "monospace", fontSize: 13,
+      theme: THEME, ...options,
+    });
+    const fit = new FitAddon.FitAddon();
+    terminal.loadAddon(fit);
+    terminal.open(element);
+    fit.fit();
+    if (options.rows) terminal.resize(terminal.cols, options.rows);  // a stored output: its own height
+    return { terminal, fit };
+  }
+
+  // Every line of a terminal's buffer as text (what Copy copies, and what tests read).
+  function bufferLines(terminal) {
+    const buffer = terminal.buffer.active, lines = [];
+    for (let index = 0; index < buffer.length; index++) {
+      const line = buffer.getLine(index);
+      if (!line) continue;
+      if (line.isWrapped && lines.length) lines[lines.length - 1] += line.translateToString(true);
+      else lines.push(line.translateToString(true));
+    }
+    while (lines.length && !lines[lines.length - 1]) lines.pop();
+    return lines;
+  }
+
+  class SessionTerminal {
+    constructor(element) {
+      ({ terminal: this.terminal, fit: this.fit } = makeTerminal(element));
+      this.search = new SearchAddon.SearchAddon();
+      this.terminal.loadAddon(this.search);
+      this.lines = 0;          // lines written, to tell when the oldest left the scrollback
+      this.atLineStart = true;
+      this.cut = document.querySelector("[data-terminal-cut]");
+      new ResizeObserver(() => this.fit.fit()).observe(element);
     }
 
-    line(text, className) { this.style = {}; this.span(text + "\n", className); }
-
-    span(text, extraClass) {
-      text = text.replace(OTHER_ESCAPES, "");
-      if (!text) return;
-      const span = document.createElement("span");
-      span.textContent = text;
-      const classes = [extraClass, this.style.fg && `fg-${this.style.fg}`, this.style.bg && `bg-${this.style.bg}`,
-        this.style.bold && "bold"].filter(Boolean);
-      if (classes.length) span.className = classes.join(" ");
-      const follow = this.element.scrollTop + this.element.clientHeight >= this.element.scrollHeight - 4;
-      this.element.appendChild(span);
-      this.chars += text.length;
-      while (this.chars > MAX_CHARS && this.element.firstChild) {
-        this.chars -= this.element.firstChild.textContent.length;
-        this.element.firstChild.remove();
-      }
-      if (follow) this.element.scrollTop = this.element.scrollHeight;
+    write(data) {
+      if (!data) return;
+      this.terminal.write(data);
+      this.atLineStart = data.endsWith("\n");
+      for (let at = data.indexOf("\n"); at !== -1; at = data.indexOf("\n", at + 1)) this.lines++;
+      if (this.cut && this.lines > SCROLLBACK + this.terminal.rows) this.cut.hidden = false;
     }
 
-    apply(codes) {
-      for (const code of (codes || "0").split(";").map(Number)) {
-        if (code === 0) this.style = {};
-        else if (code === 1) this.style.bold = true;
-        else if (code === 22) this.style.bold = false;
-        else if (code >= 30 && code <= 37) this.style.fg = code - 30;
-        else if (code >= 90 && code <= 97) this.style.fg = code - 90 + 8;
-        else if (code === 39) this.style.fg = undefined;
-        else if (code >= 40 && code <= 47) this.style.bg = code - 40;
-        else if (code >= 100 && code <= 107) this.style.bg = code - 100 + 8;
-        else if (code === 49) this.style.bg = undefined;
-      }
+    meta(text, style = META) {
+      this.write(`${this.atLineStart ? "" : "\r\n"}${style}${visible(text)}${RESET}\n`);
+    }
+
+    exited(event) {
+      this.write(SANE);
+      this.meta(`[exit ${event.exit_code ?? "—"} · ${event.reason}` +
+        (event.duration_ms !== undefined && event.duration_ms !== null ? ` · ${event.duration_ms} ms` : "") + "]");
+    }
+
+    reset() {
+      this.terminal.reset();
+      this.lines = 0;
+      this.atLineStart = true;
+      if (this.cut) this.cut.hidden = true;
     }
   }
-  window.Airlock = window.Airlock || {};
-  Airlock.AnsiWriter = AnsiWriter;
 
-  document.addEventListener("DOMContentLoaded", () => {
-    for (const pre of document.querySelectorAll("pre[data-ansi]")) {
-      const text = pre.textContent;
-      pre.textContent = "";
-      new AnsiWriter(pre).write(text);
-    }
-    const terminal = document.querySelector("[data-terminal]");
-    if (!terminal) return;
-    const writer = new AnsiWriter(terminal);
-    const badge = document.querySelector("[data-session-state]");
-    const reason = document.querySelector("[data-session-reason]");
-    const killForm = document.querySelector("[data-kill-form]");
-    const setState = (state, why) => {
-      badge.textContent = state;
-      badge.className = `badge sstate-${state}`;
-      if (reason && why !== undefined) reason.textContent = why;
-      if (killForm && !["creating", "ready"].includes(state)) killForm.remove();
+  function wireToolbar(view) {
+    const query = document.querySelector("[data-terminal-search]");
+    const find = (forward) => {
+      if (!query.value) return;
+      const found = forward ? view.search.findNext(query.value) : view.search.findPrevious(query.value);
+      query.classList.toggle("not-found", !found);
     };
-    const exited = (event) => writer.line(`[exit ${event.exit_code ?? "—"} · ${event.reason}` +
-      (event.duration_ms !== undefined ? ` · ${event.duration_ms} ms` : "") + "]", "meta");
-    // The Decisions table gains each decision as it is made (at the end: the page lists oldest first).
-    const decisions = document.querySelector("[data-decisions]");
-    const addDecision = (event, what) => {
-      if (!decisions) return;
-      decisions.querySelector(".empty-row")?.closest("tr").remove();
-      const row = document.createElement("tr");
-      const cells = [new Date().toISOString().slice(11, 19), event.request.host !== undefined ? "egress" : "exec",
-        what, event.decision.effect, event.decision.reason_code || "—", event.decision.rule_id || "—",
-        event.decision.message + (event.decision.hint ? ` — ${event.decision.hint}` : "")];
-      for (const [index, text] of cells.entries()) {
-        const cell = document.createElement("td");
-        if (index === 2) {
-          const code = document.createElement("code");
-          code.textContent = text;
-          cell.appendChild(code);
-        } else if (index === 3) {
-          const badge = document.createElement("span");
-          badge.className = `badge effect-${text}`;
-          badge.textContent = text;
-          cell.appendChild(badge);
-        } else {
-          cell.textContent = text;
-        }
-        row.appendChild(cell);
+    query?.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") { event.preventDefault(); find(!event.shiftKey); }
+    });
+    document.querySelector("[data-terminal-next]")?.addEventListener("click", () => find(true));
+    document.querySelector("[data-terminal-previous]")?.addEventListener("click", () => find(false));
+    const copy = document.querySelector("[data-terminal-copy]");
+    copy?.addEventListener("click", async () => {
+      const text = view.terminal.hasSelection() ? view.terminal.getSelection() : bufferLines(view.terminal).join("\n");
+      try {
+        await navigator.clipboard.writeText(text);
+        copy.textContent = "Copied";
+      } catch {
+        copy.textContent = "Copy refused by the browser";
       }
-      row.dataset.decision = event.decision.id || "";
-      decisions.append(row);
-    };
-    Airlock.connect(terminal.dataset.ws, (event) => {
+      setTimeout(() => { copy.textContent = "Copy"; }, 1500);
+    });
+  }
+
+  function liveTerminal(element) {
+    const view = new SessionTerminal(element);
+    wireToolbar(view);
+    window.Airlock = window.Airlock || {};
+    Airlock.terminalLines = () => bufferLines(view.terminal);
+    Airlock.terminalSelection = () => view.terminal.getSelection();
+    Airlock.connect(element.dataset.ws, (event) => {
+      Airlock.sessionEvent?.(event);  // the state badge and the tables (session_page.js)
       switch (event.event) {
         case "session.state":
-          setState(event.state, event.reason);
           if (event.commands) {
-            terminal.replaceChildren();
-            writer.chars = 0;
+            view.reset();
             for (const command of event.commands) {
-              writer.line(`$ ${command.argv.join(" ")}`, "prompt");
-              if (command.output) writer.write(command.output);
-              if (!["queued", "running"].includes(command.state)) exited(command);
+              view.meta(`$ ${command.argv.join(" ")}`, PROMPT);
+              if (command.truncated) view.meta("[… earlier output cut: only the last part is stored]");
+              view.write(command.output);
+              if (!["queued", "running"].includes(command.state)) view.exited(command);
             }
           }
           break;
-        case "command.started": writer.line(`$ ${event.argv.join(" ")}`, "prompt"); break;
-        case "command.output": writer.write(event.data, event.stream === "stderr" ? "stderr" : ""); break;
-        case "command.exited": writer.write("\n"); exited(event); break;
+        case "command.started": view.meta(`$ ${event.argv.join(" ")}`, PROMPT); break;
+        case "command.output": view.write(event.data); break;
+        case "command.exited": view.exited(event); break;
         case "decision": {
           const egress = event.request.host !== undefined;
           const what = egress ? `egress ${event.request.host}:${event.request.port}`
             : `${event.request.bin} ${(event.request.args || []).join(" ")}`;
           if (!event.decision.allowed) {
-            writer.line(`✗ ${what}: ${event.decision.message}` +
-              (event.decision.hint ? ` (${event.decision.hint})` : ""), "denied");
+            view.meta(`✗ ${what}: ${event.decision.message}` + (event.decision.hint ? ` (${event.decision.hint})` : ""),
+              DENIED);
           } else if (egress) {
-            writer.line(`⇢ ${what}: ${event.decision.message}`, "meta");
+            view.meta(`⇢ ${what}: ${event.decision.message}`);
           }
-          addDecision(event, what);
           break;
         }
-        case "lagged": writer.line(`[… ${event.missed} events missed: the output came faster than this page could take it]`, "meta"); break;
+        case "lagged":
+          view.meta(`[… ${event.missed} events missed: the output came faster than this page could take it]`);
+          break;
       }
     }, document.querySelector("[data-live-status]"));
+  }
+
+  // A stored output tail (the Commands table): drawn when opened, at its own height.
+  function storedOutput(details) {
+    details.addEventListener("toggle", () => {
+      if (!details.open || details.dataset.drawn) return;
+      details.dataset.drawn = "1";
+      const text = details.querySelector("template").content.textContent;
+      const rows = Math.min(24, Math.max(2, text.split("\n").length + 1));
+      const { terminal } = makeTerminal(details.querySelector("[data-stored-terminal]"), { rows, scrollback: 5000 });
+      terminal.write(text);
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const element = document.querySelector("[data-terminal]");
+    if (element) liveTerminal(element);
+    for (const details of document.querySelectorAll("details[data-stored-output]")) storedOutput(details);
   });
 })();

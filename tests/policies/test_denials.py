@@ -365,6 +365,70 @@ def test_a_denial_whose_narrow_rule_is_published_says_so_instead_of_failing(acme
     denial = record(acme, policy, {"bin": "make", "args": ["test"]}, ago=timedelta(minutes=1))
     assert allow_this(client_for(alice), denial).status_code == 201
     services.version_publish(version=policy.versions.first(), actor=None, note="allow make test")
-    page = client_for(alice).get(f"/t/acme/denials/{denial.pk}/")
-    assert page.status_code == 200 and "already allows exactly this request" in page.content.decode()
+    page = client_for(alice).get(f"/t/acme/denials/{denial.pk}/").content.decode()
+    assert "published since, allows this request" in page  # the session that was denied kept v1
+    assert "v2, published since, already allows it" in page  # so neither Allow this nor an exception
     assert allow_this(client_for(alice), denial).status_code == 302  # refused with its reason, nothing drafted
+
+
+COMMENTED = """# Reviewed by security every Monday.
+mode: enforce
+commands:
+  # Tests only; never a shell.
+  - id: pytest
+    bin: pytest        # the runner
+    deny_args: ['^-c']
+
+# Egress: nothing yet (ticket SEC-12).
+tests:
+  - request: {bin: pytest, args: ['-c', 'x']}
+    expect: {allowed: false, reason_code: arg_denied}
+"""
+
+
+def test_allow_this_adds_the_rule_and_its_test_and_keeps_every_comment_and_line(acme, alice, client_for):
+    import difflib
+
+    policy = publish(acme, "default", COMMENTED)
+    denial = record(acme, policy, {"bin": "make", "args": ["test"]}, ago=timedelta(minutes=1))
+    response = allow_this(client_for(alice), denial)
+    assert response.status_code == 201
+    draft = policy.versions.order_by("-number").first()
+    diff = [line for line in difflib.ndiff(COMMENTED.splitlines(), draft.source.splitlines()) if line[:1] in "+-?"]
+    assert [line for line in diff if line[:1] != "+"] == []  # nothing removed or changed
+    added = "\n".join(line[2:] for line in diff)
+    assert "null" not in added and "bin: make" in added and "exact_args: [test]" in added
+    assert added.count("# Allow this: denial") == 1 and len(diff) == 6  # comment, rule (3), test (2)
+    assert draft.source.index("bin: make") < draft.source.index("# Egress: nothing yet")
+    page = response.content.decode()  # the version page's diff against the published version: those lines
+    assert page.count('class="d-add"') == 6 and 'class="d-del"' not in page
+
+
+def test_allow_this_twice_on_one_denial_opens_the_first_draft_instead_of_a_copy(acme, alice, client_for):
+    policy = publish(acme, "default", COMMENTED)
+    denial = record(acme, policy, {"bin": "make", "args": ["test"]}, ago=timedelta(minutes=1))
+    assert allow_this(client_for(alice), denial).status_code == 201
+    again = allow_this(client_for(alice), denial)
+    assert again.status_code == 302 and again.url == "/t/acme/policies/default/v/2/"
+    assert policy.versions.count() == 2
+    other = record(acme, policy, {"bin": "make", "args": ["lint"]}, ago=timedelta(minutes=1))
+    assert allow_this(client_for(alice), other).status_code == 201 and policy.versions.count() == 3
+
+
+def test_replay_reports_flips_against_the_published_version_not_the_verdicts_of_the_time(acme):
+    from policies_app.decisions import replay
+    from policies_app.document import parse_yaml
+    from policies_app.engine import VersionRef, compile_policy
+
+    policy = publish(acme, "default", ENFORCED)
+    for _ in range(2):  # denied under v1
+        record(acme, policy, {"bin": "make", "args": ["test"]}, ago=timedelta(minutes=5))
+    with_make = ENFORCED + "  - {id: make, bin: make, exact_args: [test]}\n"
+    services.version_publish(version=services.version_create(policy=policy, source=with_make, actor=None),
+                             actor=None, note="make test")
+    candidate = parse_yaml(with_make + "  - {id: ls, bin: ls}\n")
+    result = replay(policy=policy, compiled=compile_policy(candidate, VersionRef("default", 3, candidate.sha256())))
+    assert (result.widenings, result.breakages) == (0, 0)  # v2, published, already allows `make test`
+    narrower = parse_yaml(ENFORCED)
+    result = replay(policy=policy, compiled=compile_policy(narrower, VersionRef("default", 3, narrower.sha256())))
+    assert (result.widenings, result.breakages) == (0, 2)  # dropping it would break what v2 allows

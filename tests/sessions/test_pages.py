@@ -28,10 +28,37 @@ def test_a_sessions_page_shows_its_commands_and_output_as_text(agent, alice, cli
     assert "bin_not_allowed" in page and "`bash` is a shell" in page  # the refusal, explained
 
 
+def test_a_sessions_stored_output_downloads_as_a_text_file(agent, bob, client_for):
+    session = agent.open()
+    agent.run(session, "printf", "<b>first</b>\\n")
+    agent.run(session, "printf", "no newline")
+    response = client_for(bob).get(f"/t/acme/sessions/{session['id']}/output.txt")  # a viewer may read it
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain") and "attachment" in response["Content-Disposition"]
+    assert response.content.decode() == ("$ printf <b>first</b>\\n\n<b>first</b>\n[exit 0 · exited]\n"
+                                         "$ printf no newline\nno newline\n[exit 0 · exited]\n")
+
+
+def test_only_a_page_with_a_terminal_admits_style_attributes(agent, alice, client_for):
+    session = agent.open()
+    terminal_page = client_for(alice).get(f"/t/acme/sessions/{session['id']}/")
+    list_page = client_for(alice).get("/t/acme/sessions/")
+    assert "style-src-attr 'unsafe-inline'" in terminal_page.headers["Content-Security-Policy"]
+    assert "style-src-attr" not in list_page.headers["Content-Security-Policy"]
+    for page in (terminal_page, list_page):  # <style> elements: by this response's nonce only
+        policy = page.headers["Content-Security-Policy"]
+        nonce = policy.split("'nonce-")[1].split("'")[0]
+        assert f'<meta name="csp-nonce" content="{nonce}">' in page.content.decode()
+        assert "script-src 'self';" in policy and "unsafe-inline' " not in policy.split("style-src-attr")[0]
+    assert terminal_page.headers["Content-Security-Policy"] != client_for(alice).get(
+        f"/t/acme/sessions/{session['id']}/").headers["Content-Security-Policy"]  # a new nonce each time
+
+
 def test_outsiders_cannot_see_a_session(agent, charlie, client_for):
     session = agent.open()
     assert client_for(charlie).get(f"/t/acme/sessions/{session['id']}/").status_code == 404
     assert client_for(charlie).post(f"/t/acme/sessions/{session['id']}/kill").status_code == 404
+    assert client_for(charlie).get(f"/t/acme/sessions/{session['id']}/output.txt").status_code == 404
 
 
 def test_only_operators_and_above_may_kill(agent, alice, bob, client_for, acme):
