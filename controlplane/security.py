@@ -14,7 +14,7 @@ policy therefore admits styles carrying this response's nonce (`request.csp_nonc
 into a page still cannot style it. xterm.js also writes a truecolour cell's colour as the cell's
 `style` attribute: a page that shows a terminal (its response's `terminal_styles` set) admits style
 attributes too (`style-src-attr 'unsafe-inline'`; never scripts, never `<style>` elements).
-CodeMirror needs neither (constructed style sheets)."""
+CodeMirror takes the nonce itself (`EditorView.cspNonce`)."""
 
 import secrets
 

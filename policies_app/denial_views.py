@@ -104,6 +104,7 @@ def _render_denial(request, record: DecisionRecord, exception_form: ExceptionFor
     return render(request, "policies_app/denial_detail.html", {
         "section": "denials", "record": record, "not_narrowable": narrowing.why_not(record),
         "newer": narrowing.newer_verdicts(record),
+        "testable": record.kind == "exec" and record.reason_code in narrowing.TESTABLE and record.policy_version_id,
         "request_json": json.dumps(record.request, indent=2, ensure_ascii=False),
         "allow_form": AllowThisForm(), "exception_form": exception_form or ExceptionForm(),
         "exceptions": exception_list(request.tenant).filter(from_decision=record.pk)}, status=status)

@@ -45,15 +45,18 @@ class Runtime(Strict):
 
 
 class Limits(Strict):
-    cpus: float = Field(1.0, ge=0.01, le=16)
-    memory_mb: int = Field(512, ge=32, le=65536)
-    pids: int = Field(128, ge=8, le=4096)
-    disk_mb: int = Field(256, ge=1, le=65536)
-    command_timeout_s: int = Field(15, ge=1, le=3600)
-    session_ttl_s: int = Field(1800, ge=60, le=7 * 86400)
-    output_tail_chars: int = Field(8000, ge=100, le=1_000_000)
+    cpus: float = Field(1.0, ge=0.01, le=16, description="CPUs a session's sandbox may use (0.01-16)")
+    memory_mb: int = Field(512, ge=32, le=65536, description="memory of a session's sandbox; past it, `oom`")
+    pids: int = Field(128, ge=8, le=4096, description="processes and threads a sandbox may hold at once")
+    disk_mb: int = Field(256, ge=1, le=65536, description="size of the session's /workspace")
+    command_timeout_s: int = Field(15, ge=1, le=3600, description="seconds a command may run before it ends `timeout`"
+                                   " (a request may ask for less)")
+    session_ttl_s: int = Field(1800, ge=60, le=7 * 86400, description="seconds a session lives before it `expired`")
+    output_tail_chars: int = Field(8000, ge=100, le=1_000_000,
+                                   description="the characters of a command's output that are stored (its last)")
     # A command that writes more (stdout and stderr together) is killed, ending `output_limit`.
-    output_mb: int = Field(16, ge=1, le=1024)
+    output_mb: int = Field(16, ge=1, le=1024, description="output a command may write (stdout and stderr "
+                           "together) before it ends `output_limit`")
 
 
 def _check_patterns(patterns: list[str]) -> list[str]:
@@ -193,15 +196,18 @@ class PolicyTest(Strict):
 
 
 class PolicyDocument(Strict):
-    mode: Literal["enforce", "audit"] = "enforce"
-    runtime: Runtime = Field(default_factory=Runtime)
-    limits: Limits = Field(default_factory=Limits)
-    commands: list[CommandRule] = Field(default_factory=list)
+    mode: Literal["enforce", "audit"] = Field(
+        "enforce", description="audit: what the rules deny runs anyway and is recorded as `audit_deny`")
+    runtime: Runtime = Field(default_factory=Runtime, description="which sandbox driver runs the sessions")
+    limits: Limits = Field(default_factory=Limits, description="what each session may use")
+    commands: list[CommandRule] = Field(default_factory=list,
+                                        description="the programs that may run (default deny), one rule each")
     filesystem: Filesystem = Field(default_factory=Filesystem)
-    network: Network = Field(default_factory=Network)
-    env: Env = Field(default_factory=Env)
-    persistence: Persistence = Field(default_factory=Persistence)
-    tests: list[PolicyTest] = Field(default_factory=list)
+    network: Network = Field(default_factory=Network, description="egress through the session's proxy")
+    env: Env = Field(default_factory=Env, description="the commands' environment: names passed and values set")
+    persistence: Persistence = Field(default_factory=Persistence, description="snapshots and artifacts")
+    tests: list[PolicyTest] = Field(default_factory=list,
+                                    description="requests and the verdict each must get; publishing runs them")
 
     @model_validator(mode="after")
     def _unique_rule_ids(self) -> "PolicyDocument":
@@ -265,6 +271,14 @@ def _validate(data, node) -> PolicyDocument:
                 "line": _line_of(node, location),
             })
         raise DocumentError(errors) from None
+
+
+def line_at(source: str, location: list) -> int | None:
+    """The line of `location` (keys and list indexes) in a YAML source, as errors name it."""
+    try:
+        return _line_of(yaml.compose(source, Loader=yaml.SafeLoader), location)
+    except (yaml.YAMLError, RecursionError):
+        return None
 
 
 def _line_of(node, location: list) -> int | None:

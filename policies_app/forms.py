@@ -11,6 +11,18 @@ class EditorForm(forms.Form):
     note = forms.CharField(required=False, max_length=2000)
 
 
+class TryForm(forms.Form):
+    """One exec request to judge with the editor's document (its arguments written as a shell would
+    split them, for convenience: nothing runs them through a shell)."""
+
+    source = forms.CharField(strip=False, max_length=200_000, widget=forms.HiddenInput)
+    bin = forms.CharField(max_length=255, widget=forms.TextInput(attrs={"placeholder": "pytest", "size": 10}))
+    args = forms.CharField(required=False, strip=False, max_length=20_000,
+                           widget=forms.TextInput(attrs={"placeholder": "-q tests/", "size": 22}))
+    cwd = forms.CharField(required=False, max_length=4096,
+                          widget=forms.TextInput(attrs={"placeholder": "/workspace", "size": 12}))
+
+
 class NoteForm(forms.Form):
     note = forms.CharField(max_length=2000, help_text="why: it goes to the audit log")
 

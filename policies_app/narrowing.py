@@ -152,6 +152,27 @@ def _not_a_rules_request(record: DecisionRecord) -> str | None:
     return None
 
 
+TESTABLE = {"bin_not_allowed", "arg_denied", "path_outside_workspace", "default_deny"}
+
+
+def with_denial_test(source: str, record: DecisionRecord) -> str:
+    """`source` with a test that this denied request stays refused for the same reason ("Add as a
+    test"): only for refusals the document's rules decide, and only for an exec request."""
+    if record.kind != "exec" or record.effect == "allow" or record.reason_code not in TESTABLE:
+        raise NotNarrowable(f"a `{record.reason_code or record.kind}` refusal is not one a policy's tests can hold")
+    request = record.request if isinstance(record.request, dict) else {}
+    if not isinstance(request.get("bin"), str) or not all(isinstance(a, str) for a in request.get("args") or []):
+        raise NotNarrowable("the recorded request is not a program and its arguments")
+    test_request = {"bin": request["bin"], "args": list(request.get("args") or [])}
+    if request.get("cwd") and request["cwd"] != "/workspace":
+        test_request["cwd"] = request["cwd"]
+    test = {"request": test_request, "expect": {"allowed": False, "reason_code": record.reason_code}}
+    try:
+        return yamledit.append_item(source, ("tests",), test, comment=f"From denial {record.id}: keep it refused.")
+    except yamledit.Unsupported as exc:
+        raise NotNarrowable(f"the document cannot take the test where it is ({exc})") from None
+
+
 def narrow_rule(record: DecisionRecord, expires: datetime | None = None) -> dict:
     if reason := _not_a_rules_request(record):
         raise NotNarrowable(reason)

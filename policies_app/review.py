@@ -5,7 +5,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from policies_app.decisions import ReplayResult, replay
-from policies_app.document import DocumentError, PolicyDocument, parse_yaml
+from policies_app.document import DocumentError, PolicyDocument, line_at, parse_yaml
 from policies_app.engine import VersionRef, compile_policy
 from policies_app.lint import LintWarning, lint
 from policies_app.models import Policy
@@ -51,6 +51,32 @@ def review(*, policy: Policy, source: str, number: int = 0, with_replay: bool = 
     if with_replay:
         result.replay = replay(policy=policy, compiled=compile_policy(document, ref), limit=replay_limit)
     return result
+
+
+def marks(result: Review, source: str) -> list[dict]:
+    """What the editor marks at a line: errors, lint warnings and failing tests, each
+    `{line, severity, message}` (a line of None: the document as a whole)."""
+    found = [{"line": error.get("line"), "severity": "error",
+              "message": f"{error['path'] or 'document'}: {error['message']}"} for error in result.errors]
+    document = result.document
+    if document is None:
+        return found
+    rules = [rule.id for rule in document.commands]
+    allowed = document.network.allow
+    for warning in result.warnings:
+        if warning.rule_id in rules:
+            location = ["commands", rules.index(warning.rule_id)]
+        elif warning.rule_id == "network":
+            location = ["network", "allow", *(i for i, entry in enumerate(allowed) if f"`{entry}`" in warning.message)]
+        else:
+            location = [warning.rule_id]
+        found.append({"line": line_at(source, location[:3]), "severity": "warning", "message": warning.message})
+    for outcome in result.tests:
+        if not outcome.passed:
+            found.append({"line": line_at(source, ["tests", outcome.index]), "severity": "error",
+                          "message": f"test {outcome.index + 1} fails: expected {outcome.expected}, got "
+                                     f"{ {k: v for k, v in outcome.got.items() if k in outcome.expected} }"})
+    return found
 
 
 def source_diff(old: str, new: str) -> list[DiffLine]:

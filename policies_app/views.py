@@ -1,16 +1,23 @@
 """The policy pages: list, versions timeline, the editor (check, save a draft), a version's
 page (tests, diff, replay, publish, rollback, shadow). Viewers see everything read-only."""
 
+import shlex
+
 from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.http import JsonResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
 
 from controlplane.decorators import tenant_view
-from policies_app import selectors, services
-from policies_app.document import DocumentError
-from policies_app.forms import EditorForm, NoteForm, PolicyCreateForm, ReplayForm
-from policies_app.review import review
+from policies_app import narrowing, selectors, services
+from policies_app.decisions import decision_payload
+from policies_app.document import DocumentError, json_schema, parse_yaml
+from policies_app.engine import VersionRef, compile_policy, evaluate
+from policies_app.forms import EditorForm, NoteForm, PolicyCreateForm, ReplayForm, TryForm
+from policies_app.models import DecisionRecord
+from policies_app.review import marks, review
 
 STARTER = """# Default deny: only the commands listed here may run, with these arguments.
 mode: enforce
@@ -66,9 +73,12 @@ def policy_edit(request, name: str):
     published = policy.published_version()
     if request.method != "POST":
         start = policy.versions.first()
-        form = EditorForm(initial={"source": start.source if start else STARTER})
-        return _render_editor(request, policy, form, review(policy=policy,
-                                                             source=form.initial["source"]))
+        source = start.source if start else STARTER
+        added = None
+        if test_from := request.GET.get("test_from"):  # "Add as a test" on a denial's page
+            source, added = _with_denial_test(request, source, test_from)
+        form = EditorForm(initial={"source": source})
+        return _render_editor(request, policy, form, review(policy=policy, source=source), added_test=added)
     form = EditorForm(request.POST)
     if not form.is_valid():
         return _render_editor(request, policy, form, None, status=400)
@@ -88,10 +98,62 @@ def policy_edit(request, name: str):
                           published=published)
 
 
-def _render_editor(request, policy, form, result, *, status: int = 200, published=None):
+def _with_denial_test(request, source: str, decision_id: str) -> tuple[str, str | None]:
+    """The source with a test that the denial's request stays refused as it was, and what was added."""
+    try:
+        record = DecisionRecord.objects.get(tenant=request.tenant, pk=decision_id)
+    except (DecisionRecord.DoesNotExist, ValidationError):  # ValidationError: not a UUID
+        messages.error(request, "No test added: there is no such denial.")
+        return source, None
+    try:
+        return narrowing.with_denial_test(source, record), " ".join([record.request["bin"], *record.request["args"]])
+    except narrowing.NotNarrowable as exc:
+        messages.error(request, f"No test added: {exc}.")
+        return source, None
+
+
+def _render_editor(request, policy, form, result, *, status: int = 200, published=None, added_test=None):
+    published = published or policy.published_version()
     return render(request, "policies_app/editor.html",
-                  {"section": "policies", "policy": policy, "form": form, "review": result,
-                   "published": published or policy.published_version()}, status=status)
+                  {"section": "policies", "policy": policy, "form": form, "review": result, "published": published,
+                   "published_source": published.source if published else "", "schema": json_schema(),
+                   "added_test": added_test, "try_form": TryForm()}, status=status)
+
+
+@require_POST
+@tenant_view("edit_policy")
+def policy_check(request, name: str):
+    """The editor's check as one types: the marks at their lines and the review panel, nothing saved."""
+    policy = selectors.policy_get(request.tenant, name)
+    form = EditorForm(request.POST)
+    if not form.is_valid():
+        return JsonResponse({"error": "invalid_request", "fields": form.errors}, status=400)
+    source = form.cleaned_data["source"]
+    result = review(policy=policy, source=source, with_replay=request.POST.get("replay") == "1")
+    panel = render_to_string("policies_app/_review.html", {"review": result}, request=request)
+    return JsonResponse({"valid": result.document is not None, "marks": marks(result, source), "panel": panel})
+
+
+@require_POST
+@tenant_view("edit_policy")
+def policy_try(request, name: str):
+    """One exec request judged by the document in the editor: a dry run, not recorded."""
+    policy = selectors.policy_get(request.tenant, name)
+    form = TryForm(request.POST)
+    if not form.is_valid():
+        return JsonResponse({"error": "invalid_request", "fields": form.errors}, status=400)
+    try:
+        document = parse_yaml(form.cleaned_data["source"])
+        args = shlex.split(form.cleaned_data["args"])
+    except DocumentError as exc:
+        return JsonResponse({"error": "invalid_policy", "detail": "fix the document's errors first",
+                             "errors": exc.errors}, status=400)
+    except ValueError as exc:  # shlex: an unclosed quote
+        return JsonResponse({"error": "invalid_request", "fields": {"args": [str(exc)]}}, status=400)
+    compiled = compile_policy(document, VersionRef(policy.name, 0, document.sha256()))
+    request_body = {"bin": form.cleaned_data["bin"], "args": args, "cwd": form.cleaned_data["cwd"] or "/workspace"}
+    decision = evaluate(compiled, request_body)
+    return JsonResponse({"request": request_body, "decision": decision_payload(decision)})
 
 
 @tenant_view("read")

@@ -1,5 +1,6 @@
-"""A security admin edits the demo policy in real Chromium: an error at its line, the fix's
-diff, a replay flip, publish (N+1) and rollback (N+2 with the old document)."""
+"""A security admin edits the demo policy in real Chromium, in the CodeMirror editor: completion
+from the policy's schema, marks at their lines as one types (no reload), the diff side by side, a
+request judged by the draft, a replay flip, publish (N+1) and rollback (N+2 with the old document)."""
 
 import re
 
@@ -11,30 +12,95 @@ pytestmark = pytest.mark.browser
 MAKE_RULE = "  - id: make-test\n    bin: make\n    allow_args: [test]\n"
 
 
+def set_document(page, text: str) -> None:
+    page.evaluate("(text) => Airlock.editor.dispatch({changes: {from: 0, to: Airlock.editor.state.doc.length, "
+                  "insert: text}, selection: {anchor: text.length}})", text)
+
+
+def document(page) -> str:
+    return page.evaluate("Airlock.editor.state.doc.toString()")
+
+
+def open_editor(page, server):
+    log_in(page, server)
+    page.goto(server.url + "/t/demo/policies/default/edit")
+    page.locator(".cm-editor").wait_for()
+    page.evaluate("window.__sameDocument = true")  # gone if the page reloads
+
+
+def test_completion_under_limits_offers_the_schemas_keys_with_their_docs(page, demo_server):
+    open_editor(page, demo_server)
+    set_document(page, "mode: enforce\n")
+    page.locator(".cm-content").click()
+    page.keyboard.press("Control+End")
+    page.keyboard.type("limits:")
+    page.keyboard.press("Enter")  # the editor indents the line under the key
+    page.keyboard.type("comm")
+    options = page.locator(".cm-tooltip-autocomplete li")
+    options.first.wait_for()
+    assert options.all_inner_texts()[0].startswith("command_timeout_s")
+    page.wait_for_timeout(200)  # CodeMirror ignores an Enter within 75 ms of the list opening
+    page.keyboard.press("Enter")
+    page.keyboard.type("30")
+    assert document(page) == "mode: enforce\nlimits:\n  command_timeout_s: 30"
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")  # Tab indents, it does not leave the editor
+    assert page.evaluate("document.activeElement.classList.contains('cm-content')")
+    page.keyboard.press("Backspace")
+    page.keyboard.press("Backspace")
+    page.keyboard.type("mode: ")
+    page.keyboard.press("Control+Space")
+    options.first.wait_for()
+    assert set(options.all_inner_texts()) == {"audit", "enforce"}
+
+
+def test_a_schema_error_is_marked_at_its_line_as_one_types_without_a_reload(page, demo_server):
+    open_editor(page, demo_server)
+    original = document(page)
+    lines = original.splitlines()
+    at = lines.index("commands:")
+    set_document(page, "\n".join([*lines[: at + 1], "  - id: make-test", "    bin: /usr/bin/make", *lines[at + 1:]]))
+    page.wait_for_function("() => Airlock.editorMarks.some((mark) => mark.severity === 'error')")
+    marks = page.evaluate("Airlock.editorMarks")
+    assert [(mark["line"], "must be a bare program name" in mark["message"]) for mark in marks] == [(at + 3, True)]
+    page.locator(".cm-lint-marker-error").wait_for()
+    assert "must be a bare program name" in page.get_by_test_id("policy-errors").inner_text()
+    set_document(page, original)
+    page.wait_for_function("() => Airlock.editorMarks.length === 0")
+    assert page.locator(".cm-lint-marker-error").count() == 0
+    assert page.evaluate("window.__sameDocument") is True
+
+
 def test_a_security_admin_edits_replays_publishes_and_rolls_back(page, demo_server):
-    log_in(page, demo_server)
-    page.goto(demo_server.url + "/t/demo/policies/default/edit")
-    original = page.locator("#policy-source").input_value()
+    open_editor(page, demo_server)
+    original = document(page)
     assert original.startswith("# The demo tenant's policy")
     lines = original.splitlines()
     commands_at = lines.index("commands:")
-
-    broken = "\n".join([*lines[: commands_at + 1], "  - id: make-test", "    bin: [make", *lines[commands_at + 1:]])
-    page.fill("#policy-source", broken)
-    page.get_by_role("button", name="Check", exact=True).click()
-    errors = page.get_by_test_id("policy-errors")
-    errors.wait_for()
-    error_line = int(re.search(r"line (\d+):", errors.inner_text()).group(1))
-    assert error_line in {commands_at + 3, commands_at + 4}  # the unclosed `[` of line commands_at + 3
-    assert page.locator(".gutter span.error-line").first.inner_text() == str(error_line)
-
     fixed = "\n".join([*lines[: commands_at + 1], *MAKE_RULE.rstrip("\n").split("\n"), *lines[commands_at + 1:]])
-    page.fill("#policy-source", fixed + "\n")
+    set_document(page, fixed + "\n")
+
+    page.get_by_label("Program").fill("make")
+    page.get_by_label("Arguments").fill("test")
+    page.get_by_role("button", name="Judge").click()
+    assert page.get_by_test_id("try-effect").inner_text() == "allow"
+    page.get_by_label("Arguments").fill("install")
+    page.get_by_role("button", name="Judge").click()
+    page.get_by_test_id("policy-try").locator("text=arg_denied").wait_for()
+
+    page.get_by_role("tab", name=re.compile("Side by side")).click()
+    merge = page.locator(".cm-mergeView")
+    merge.wait_for()
+    assert merge.locator(".cm-changedLine", has_text="make-test").count() == 1  # the added rule, on the right
+    page.get_by_role("tab", name="Document").click()
+
     page.get_by_role("button", name="Check and replay").click()
+    replay = page.get_by_test_id("policy-replay")
+    replay.wait_for()
+    assert "deny → allow" in replay.inner_text() and "make-test" in replay.inner_text()
+    assert page.evaluate("window.__sameDocument") is True
     diff = page.get_by_test_id("policy-diff").inner_text()
-    assert "+  - id: make-test" in diff and "+    bin: make" in diff
-    replay = page.get_by_test_id("policy-replay").inner_text()
-    assert "deny → allow" in replay and "make-test" in replay and "make test" in replay
+    assert "+  - id: make-test" in diff and "\n\n" not in diff  # one line a line
 
     page.locator("input[name=note]").fill("allow make test")
     page.get_by_role("button", name="Save draft").click()

@@ -432,3 +432,28 @@ def test_replay_reports_flips_against_the_published_version_not_the_verdicts_of_
     narrower = parse_yaml(ENFORCED)
     result = replay(policy=policy, compiled=compile_policy(narrower, VersionRef("default", 3, narrower.sha256())))
     assert (result.widenings, result.breakages) == (0, 2)  # dropping it would break what v2 allows
+
+
+def test_add_as_a_test_opens_the_editor_with_the_denial_as_a_test_and_saves_nothing(acme, alice, bob, client_for):
+    policy = publish(acme, "default", COMMENTED)
+    denial = record(acme, policy, {"bin": "bash", "args": ["-c", "cat /etc/shadow"]}, ago=timedelta(minutes=1))
+    detail = client_for(alice).get(f"/t/acme/denials/{denial.pk}/").content.decode()
+    assert f"/t/acme/policies/default/edit?test_from={denial.pk}" in detail
+    assert 'data-testid="add-as-test"' not in client_for(bob).get(f"/t/acme/denials/{denial.pk}/").content.decode()
+    editor = client_for(alice).get(f"/t/acme/policies/default/edit?test_from={denial.pk}")
+    source = editor.context["form"].initial["source"]
+    assert source.startswith(COMMENTED) and policy.versions.count() == 1  # appended, nothing saved
+    from policies_app.document import parse_yaml
+
+    test = parse_yaml(source).tests[-1]
+    assert (test.request.bin, test.request.args) == ("bash", ["-c", "cat /etc/shadow"])
+    assert test.expect.model_dump(exclude_none=True) == {"allowed": False, "reason_code": "bin_not_allowed"}
+    assert f"From denial {denial.pk}" in source
+    assert editor.context["review"].tests_failed == 0  # the published version refuses it so
+    bogus = client_for(alice).get("/t/acme/policies/default/edit?test_from=not-a-uuid")
+    assert bogus.status_code == 200 and bogus.context["form"].initial["source"] == COMMENTED
+    assert "there is no such denial" in bogus.content.decode()
+    limit = record(acme, policy, {"bin": "pytest", "args": ["/etc/passwd"]}, ago=timedelta(minutes=1))
+    assert limit.reason_code == "path_outside_workspace"  # one a test can hold too
+    assert "From denial" in client_for(alice).get(f"/t/acme/policies/default/edit?test_from={limit.pk}").context[
+        "form"].initial["source"]

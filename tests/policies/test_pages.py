@@ -77,3 +77,42 @@ def test_a_new_policy_starts_from_a_safe_template(sam, client_for):
     assert response["Location"] == reverse("policy-edit", args=["acme", "ci"])
     editor = client.get(response["Location"]).content.decode()
     assert "Default deny" in editor and "deny_args" in editor
+
+
+def test_the_editors_check_answers_marks_at_their_lines_and_the_review_panel(sam, policy, client_for, bob, charlie):
+    check = reverse("policy-check", args=["acme", "default"])
+    source = (V1 + "  - {id: sh, bin: bash}\ntests:\n  - request: {bin: make}\n    expect: {allowed: true}\n"
+              "limits: {cpus: 99}\n")
+    answer = client_for(sam).post(check, {"source": source}).json()
+    assert answer["valid"] is False
+    assert answer["marks"] == [{"line": 7, "severity": "error",
+                                "message": "limits.cpus: Input should be less than or equal to 16"}]
+    assert 'data-testid="policy-errors"' in answer["panel"]
+    answer = client_for(sam).post(check, {"source": source.replace("cpus: 99", "cpus: 1"), "replay": "1"}).json()
+    assert [(mark["line"], mark["severity"]) for mark in answer["marks"]] == [(3, "warning"), (5, "error")]
+    assert "allows the shell" in answer["marks"][0]["message"] and "test 1 fails" in answer["marks"][1]["message"]
+    assert 'data-testid="policy-replay"' in answer["panel"]
+    assert policy.versions.count() == 1  # nothing saved
+    assert client_for(sam).post(check, {}).status_code == 400
+    assert client_for(bob).post(check, {"source": V1}).status_code == 403  # a viewer edits nothing
+    assert client_for(charlie).post(check, {"source": V1}).status_code == 404
+    assert client_for(sam).get(check).status_code == 405
+
+
+def test_the_editors_try_box_judges_a_request_with_the_unsaved_document(sam, policy, client_for):
+    judge = reverse("policy-try", args=["acme", "default"])
+    draft = V1 + "  - {id: make, bin: make, allow_args: [test]}\n"
+    allowed = client_for(sam).post(judge, {"source": draft, "bin": "make", "args": "test"}).json()
+    assert allowed["decision"]["effect"] == "allow" and allowed["decision"]["rule_id"] == "make"
+    denied = client_for(sam).post(judge, {"source": draft, "bin": "make", "args": "'test' install"}).json()
+    assert denied["request"]["args"] == ["test", "install"] and denied["decision"]["reason_code"] == "arg_denied"
+    outside = client_for(sam).post(judge, {"source": draft, "bin": "pytest", "args": "../x", "cwd": "/workspace"})
+    assert outside.json()["decision"]["reason_code"] == "path_outside_workspace"
+    unclosed = client_for(sam).post(judge, {"source": draft, "bin": "make", "args": "'test"})
+    assert unclosed.status_code == 400 and "args" in unclosed.json()["fields"]
+    broken = client_for(sam).post(judge, {"source": "commands: [", "bin": "make"})
+    assert broken.status_code == 400 and broken.json()["error"] == "invalid_policy"
+    assert client_for(sam).post(judge, {"source": draft}).status_code == 400  # no program
+    from policies_app.models import DecisionRecord
+
+    assert not DecisionRecord.objects.filter(tenant=policy.tenant).exists()  # a dry run records nothing
