@@ -156,6 +156,7 @@ CSRF_COOKIE_SECURE = SECURE_COOKIES
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_HTTPONLY = True
+CSRF_FAILURE_VIEW = "controlplane.views.csrf_failure"  # a stale token gets a page that can send the form again
 SESSION_COOKIE_AGE = env_int("AIRLOCK_SESSION_COOKIE_AGE_S", 8 * 3600, minimum=60)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"

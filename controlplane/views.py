@@ -151,3 +151,27 @@ def _add_errors(form, exc: ValidationError) -> None:
                 form.add_error(target, error.messages)
     else:
         form.add_error(None, exc.messages)
+
+
+# Django's reasons for a refusal that a form of this site can meet (the origin matched): the form's
+# token went stale when its tab's login was renewed, or the cookie went with the session.
+STALE_TOKEN = ("CSRF token", "CSRF cookie")
+
+
+def csrf_failure(request, reason: str = ""):
+    """A form whose security token was refused (settings.CSRF_FAILURE_VIEW). When the request came
+    from this site's own page and only its token is stale, the page offers to send the same form
+    again with a fresh token, on a click: a request from another site (its origin or referer did
+    not match) is only explained, never offered again."""
+    stale = any(reason.startswith(prefix) for prefix in STALE_TOKEN) and _from_this_site(request)
+    fields = [(name, value) for name, values in request.POST.lists() if name != "csrfmiddlewaretoken"
+              for value in values] if stale and request.user.is_authenticated else []
+    return render(request, "controlplane/csrf_failure.html", {
+        "stale": stale, "fields": fields, "action": request.path, "signed_in": request.user.is_authenticated,
+    }, status=403)
+
+
+def _from_this_site(request) -> bool:
+    origin = request.headers.get("Origin") or request.headers.get("Referer") or ""
+    own = f"{request.scheme}://{request.get_host()}"
+    return origin == own or origin.startswith(own + "/")

@@ -9,7 +9,7 @@ from policies_app.document import DocumentError, PolicyDocument, line_at, parse_
 from policies_app.engine import VersionRef, compile_policy
 from policies_app.lint import LintWarning, lint
 from policies_app.models import Policy
-from policies_app.testing import TestOutcome, run_tests
+from policies_app.testing import TestOutcome, run_tests, shown
 
 
 @dataclass
@@ -73,9 +73,10 @@ def marks(result: Review, source: str) -> list[dict]:
         found.append({"line": line_at(source, location[:3]), "severity": "warning", "message": warning.message})
     for outcome in result.tests:
         if not outcome.passed:
+            got = {key: value for key, value in outcome.got.items() if key in outcome.expected}
             found.append({"line": line_at(source, ["tests", outcome.index]), "severity": "error",
-                          "message": f"test {outcome.index + 1} fails: expected {outcome.expected}, got "
-                                     f"{ {k: v for k, v in outcome.got.items() if k in outcome.expected} }"})
+                          "message": f"test {outcome.index + 1} fails: expected {shown(outcome.expected)}, got "
+                                     f"{shown(got)}"})
     return found
 
 

@@ -1,6 +1,7 @@
 """Reads of policies, always scoped to a tenant."""
 
-from django.db.models import F, QuerySet
+from django.apps import apps
+from django.db.models import Count, F, QuerySet
 from django.shortcuts import get_object_or_404
 
 from controlplane.models import Tenant
@@ -28,3 +29,24 @@ def shadow_differences(policy: Policy, *, limit: int = 50) -> QuerySet[DecisionR
                                           shadow_allowed__isnull=False)
             .exclude(shadow_allowed=F("allowed")).select_related("policy_version", "shadow_version")
             .order_by("-created_at")[:limit])
+
+
+def pinned_sessions(policy: Policy) -> dict[int, int]:
+    """Active sessions of the policy by the version each was opened with (and keeps until it ends):
+    {number: count}. Sessions are the sessions app's, read by label, never imported (an app below
+    it: docs/architecture.md, "What may import what")."""
+    sessions = apps.get_model("agent_sessions", "Session").objects.active()
+    rows = (sessions.filter(tenant=policy.tenant, policy_version__policy=policy)
+            .values("policy_version__number").annotate(count=Count("pk")))
+    return {row["policy_version__number"]: row["count"] for row in rows}
+
+
+def pinned_message(policy: Policy, published: PolicyVersion) -> str:
+    """What publishing leaves behind: the active sessions still on older versions, or ""."""
+    older = {number: count for number, count in pinned_sessions(policy).items() if number != published.number}
+    if not older:
+        return ""
+    total = sum(older.values())
+    each = ", ".join(f"v{number}: {count}" for number, count in sorted(older.items()))
+    return (f"{total} active session{'s are' if total != 1 else ' is'} still on an older version ({each}): a session "
+            f"keeps the version it was opened with until it ends; new sessions get v{published.number}.")

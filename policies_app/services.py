@@ -10,7 +10,7 @@ from policies_app import lint
 from policies_app.document import DocumentError, PolicyDocument, parse_yaml
 from policies_app.engine import VersionRef
 from policies_app.models import Policy, PolicyPublication, PolicyVersion
-from policies_app.testing import run_tests
+from policies_app.testing import run_tests, shown
 
 
 @transaction.atomic
@@ -59,7 +59,8 @@ def version_publish(*, version: PolicyVersion, actor, note: str,
     document = version_document(version)
     failures = [outcome for outcome in run_tests(document, version_ref(version)) if not outcome.passed]
     if failures:
-        raise ValidationError({"tests": [f"test {f.index}: expected {f.expected}, got {f.got}" for f in failures]})
+        raise ValidationError({"tests": [f"test {f.index + 1}: expected {shown(f.expected)}, got {shown(f.got)}"
+                                         for f in failures]})
     if unreachable := lint.unreachable_entries(document):
         raise ValidationError({"network": [warning.message.removesuffix("; publishing refuses it")
                                            for warning in unreachable]})

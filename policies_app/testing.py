@@ -16,6 +16,12 @@ class TestOutcome:
     got: dict
 
 
+def shown(verdict: dict) -> str:
+    """An expectation or an outcome as the document writes it: `allowed: false, reason_code: arg_denied`."""
+    return ", ".join(f"{key}: {str(value).lower() if isinstance(value, bool) else value}"
+                     for key, value in verdict.items() if value is not None)
+
+
 def run_tests(document: PolicyDocument, ref: VersionRef) -> list[TestOutcome]:
     compiled = compile_policy(document, ref)
     expiring = {rule.id: rule.expires for rule in document.commands if rule.expires}

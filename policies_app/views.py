@@ -60,7 +60,9 @@ def policy_create(request):
 def policy_detail(request, name: str):
     policy = selectors.policy_get(request.tenant, name)
     published = policy.published_version()
-    versions = [(version, version.state(published)) for version in policy.versions.select_related("author")]
+    pinned = selectors.pinned_sessions(policy)
+    versions = [(version, version.state(published), pinned.get(version.number, 0))
+                for version in policy.versions.select_related("author")]
     history = policy.publications.select_related("version", "actor")[:50]
     return render(request, "policies_app/policy_detail.html",
                   {"section": "policies", "policy": policy, "published": published, "versions": versions,
@@ -188,7 +190,8 @@ def version_replay(request, name: str, number: int):
 def version_publish(request, name: str, number: int):
     version = selectors.version_get(request.tenant, name, number)
     return _publication(request, version, lambda note: services.version_publish(
-        version=version, actor=request.user, note=note), f"Published v{version.number}.")
+        version=version, actor=request.user, note=note), f"Published v{version.number}.",
+        after=lambda: selectors.pinned_message(version.policy, version))
 
 
 @require_POST
@@ -218,7 +221,7 @@ def version_shadow(request, name: str, number: int):
     return redirect("policy-version", tenant_slug=request.tenant.slug, name=name, number=number)
 
 
-def _publication(request, version, action, success: str):
+def _publication(request, version, action, success: str, after=None):
     form = NoteForm(request.POST)
     if not form.is_valid():
         return render_version(request, version, note_form=form, status=400)
@@ -229,5 +232,7 @@ def _publication(request, version, action, success: str):
             form.add_error(None, message)
         return render_version(request, version, note_form=form, status=400)
     messages.success(request, success)
+    if after is not None and (note := after()):
+        messages.warning(request, note)
     return redirect("policy-version", tenant_slug=request.tenant.slug, name=version.policy.name,
                     number=version.number)

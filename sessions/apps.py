@@ -7,3 +7,6 @@ class AgentSessionsConfig(AppConfig):
     label = "agent_sessions"
     verbose_name = "Agent sessions"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from sessions.api import schema  # noqa: F401 - registers the session token's OpenAPI security scheme

@@ -9,3 +9,4 @@ export { linter, lintGutter, forceLinting } from "@codemirror/lint";
 export { MergeView } from "@codemirror/merge";
 export { yamlCompletion, yamlSchemaHover } from "codemirror-json-schema/yaml";
 export { stateExtensions } from "codemirror-json-schema";
+export { oneDark } from "@codemirror/theme-one-dark";

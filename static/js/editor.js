@@ -15,6 +15,7 @@ document.addEventListener("DOMContentLoaded", () => {
   const csrf = form.querySelector("input[name=csrfmiddlewaretoken]").value;
   // CodeMirror writes its styles into a <style> element that carries the page's CSP nonce.
   const nonce = CM.EditorView.cspNonce.of(document.querySelector('meta[name="csp-nonce"]')?.content || "");
+  const theme = window.matchMedia("(prefers-color-scheme: dark)").matches ? [CM.oneDark] : [];
   window.Airlock = window.Airlock || {};
   Airlock.editorMarks = [];
 
@@ -133,6 +134,7 @@ document.addEventListener("DOMContentLoaded", () => {
     parent: host,
     extensions: [
       nonce,
+      theme,
       CM.keymap.of([{ key: "Enter", run: enterAfterKey }, CM.indentWithTab]),
       CM.basicSetup,
       CM.yaml(),
@@ -173,7 +175,7 @@ document.addEventListener("DOMContentLoaded", () => {
     merge?.destroy();
     merge = null;
     if (diff) {
-      const readOnly = [nonce, CM.basicSetup, CM.yaml(), CM.EditorState.readOnly.of(true), CM.EditorView.editable.of(false)];
+      const readOnly = [nonce, theme, CM.basicSetup, CM.yaml(), CM.EditorState.readOnly.of(true), CM.EditorView.editable.of(false)];
       merge = new CM.MergeView({ a: { doc: published, extensions: readOnly },
         b: { doc: view.state.doc.toString(), extensions: readOnly }, parent: mergeHost });
     }

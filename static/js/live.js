@@ -23,3 +23,13 @@ document.addEventListener("submit", (event) => {
   const question = event.target.dataset && event.target.dataset.confirm;
   if (question && !window.confirm(question)) event.preventDefault();
 });
+
+// The top bar on a narrow screen: its sections fold under a Menu button.
+document.addEventListener("DOMContentLoaded", () => {
+  const toggle = document.querySelector("[data-menu-toggle]");
+  toggle?.addEventListener("click", () => {
+    const open = toggle.getAttribute("aria-expanded") !== "true";
+    toggle.setAttribute("aria-expanded", String(open));
+    document.querySelector(".topbar").classList.toggle("menu-open", open);
+  });
+});

@@ -23,6 +23,20 @@
     td.append(element);
     return { td, element };
   };
+  // A message whose `quoted` parts are code, as the server's `ticks` filter shows it: text nodes and
+  // <code> elements, never markup.
+  const ticked = (element, text) => {
+    String(text).split("`").forEach((part, index) => {
+      if (index % 2) {
+        const quoted = document.createElement("code");
+        quoted.textContent = part;
+        element.append(quoted);
+      } else {
+        element.append(part);
+      }
+    });
+    return element;
+  };
   const clock = () => new Date().toISOString().slice(11, 19);
   const seconds = (since) => Math.max(0, Math.round((Date.now() - since) / 1000));
 
@@ -98,12 +112,11 @@
         : `${event.request.bin} ${(event.request.args || []).join(" ")}`;
       const row = document.createElement("tr");
       row.dataset.decision = event.decision.id || "";
-      const explanation = cell(event.decision.message, "details");
+      const explanation = ticked(cell("", "details"), event.decision.message);
       if (event.decision.hint) {
         const hint = document.createElement("span");
         hint.className = "muted";
-        hint.textContent = event.decision.hint;
-        explanation.append(document.createElement("br"), hint);
+        explanation.append(document.createElement("br"), ticked(hint, event.decision.hint));
       }
       row.append(cell(clock(), "nowrap"), cell(egress ? "egress" : "exec"), code(what),
         badge(event.decision.effect, `effect-${event.decision.effect}`).td, cell(event.decision.reason_code || "—"),

@@ -27,3 +27,14 @@ def test_the_api_refuses_a_body_that_is_not_json_with_a_clear_error(acme, make_k
     response = api(key).post("/api/v1/whoami", data="{", content_type="application/json")
     assert response.status_code == 405
     assert response.json()["error"] == "method_not_allowed"
+
+
+def test_the_schema_names_both_bearer_credentials_for_swagger_uis_authorize(client, db):
+    schema = json.loads(client.get("/api/schema/", headers={"Accept": "application/vnd.oai.openapi+json"}).content)
+    schemes = schema["components"]["securitySchemes"]
+    assert {name: (s["type"], s["scheme"]) for name, s in schemes.items()} == {
+        "apiKey": ("http", "bearer"), "sessionToken": ("http", "bearer")}
+    whoami = schema["paths"]["/api/v1/whoami"]["get"]
+    assert {"apiKey": []} in whoami["security"]
+    run = schema["paths"]["/api/v1/sessions/{session_id}/commands"]["post"]
+    assert {"sessionToken": []} in run["security"] and {"apiKey": []} in run["security"]

@@ -107,7 +107,7 @@ def test_the_denials_page_shows_the_figures_and_a_chart(acme, bob, client_for, t
 def test_a_denial_opens_with_its_request_and_explanation(acme, bob, client_for, traffic):
     denial = DecisionRecord.objects.filter(tenant=acme, reason_code="arg_denied").first()
     page = client_for(bob).get(f"/t/acme/denials/{denial.pk}/").content.decode()
-    assert "matches `^-c`" in page and "drop `-c`" in page
+    assert "matches <code>^-c</code>" in page and "drop <code>-c</code>" in page and "`" not in page.split("<main")[1]
 
 
 def test_exports_hold_the_periods_denials_as_csv_and_json(acme, bob, client_for, traffic):

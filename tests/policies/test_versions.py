@@ -42,7 +42,7 @@ def test_versions_are_numbered_and_publishing_needs_a_note_and_passing_tests(pol
 def test_a_version_whose_own_tests_fail_cannot_be_published(policy, alice):
     failing = V1.replace("allowed: false, reason_code: arg_denied", "allowed: true")
     version = services.version_create(policy=policy, source=failing, actor=alice)
-    with pytest.raises(ValidationError, match="test 0"):
+    with pytest.raises(ValidationError, match="test 1: expected allowed: true, got allowed: false"):
         services.version_publish(version=version, actor=alice, note="try")
     assert policy.published_version() is None
 

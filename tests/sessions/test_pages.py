@@ -25,7 +25,7 @@ def test_a_sessions_page_shows_its_commands_and_output_as_text(agent, alice, cli
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;" in page
     assert "<script>alert(1)" not in page
     assert "printf" in page and f'data-ws="/ws/sessions/{session["id"]}/"' in page
-    assert "bin_not_allowed" in page and "`bash` is a shell" in page  # the refusal, explained
+    assert "bin_not_allowed" in page and "<code>bash</code> is a shell" in page  # the refusal, explained
 
 
 def test_a_sessions_stored_output_downloads_as_a_text_file(agent, bob, client_for):
@@ -86,3 +86,58 @@ def test_bulk_kill_by_conversation_spares_the_others(agent, alice, client_for, a
     assert AuditEvent.objects.filter(tenant=acme, action="session.killed").count() == 2
     client_for(alice).post("/t/acme/sessions/kill", {"scope": "tenant"})
     assert Session.objects.get(pk=spared["id"]).state == "killed"
+
+
+def test_publishing_says_how_many_active_sessions_keep_an_older_version(agent, alice, client_for, acme):
+    from policies_app import services
+
+    first, second = agent.open(), agent.open()
+    ended = agent.open()
+    agent.as_session(ended).delete(f"/api/v1/sessions/{ended['id']}")
+    policy = acme.policies.get(name="default")
+    draft = services.version_create(policy=policy, source="commands: []\n", actor=None)
+    response = client_for(alice).post(f"/t/acme/policies/default/v/{draft.number}/publish", {"note": "tighter"},
+                                      follow=True)
+    page = response.content.decode()
+    assert f"Published v{draft.number}." in page
+    assert "2 active sessions are still on an older version (v1: 2)" in page  # the ended one is not counted
+    assert f"new sessions get v{draft.number}" in page
+    detail = client_for(alice).get("/t/acme/policies/default/").content.decode()
+    assert 'data-testid="pinned-v1">2<' in detail and f'data-testid="pinned-v{draft.number}">—<' in detail
+    for session in (first, second):
+        agent.as_session(session).delete(f"/api/v1/sessions/{session['id']}")
+    assert 'data-testid="pinned-v1">—<' in client_for(alice).get("/t/acme/policies/default/").content.decode()
+
+
+def test_a_kill_sent_with_a_stale_token_is_offered_again_and_then_kills(agent, alice):
+    import re
+
+    from django.test import Client
+
+    session = agent.open()
+    path = f"/t/acme/sessions/{session['id']}/"
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(alice)
+    stale = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', browser.get(path).content.decode()).group(1)
+    browser.cookies["csrftoken"] = "a" * 32  # the login was renewed in another tab: a new secret
+    refused = browser.post(f"{path}kill", {"csrfmiddlewaretoken": stale}, headers={"Origin": "http://testserver"})
+    page = refused.content.decode()
+    assert refused.status_code == 403 and 'data-testid="csrf-retry"' in page and "CSRF verification" not in page
+    assert Session.objects.get(pk=session["id"]).state == "ready"  # nothing was done
+    fresh = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    assert f'action="{path}kill"' in page
+    retried = browser.post(f"{path}kill", {"csrfmiddlewaretoken": fresh}, headers={"Origin": "http://testserver"})
+    assert retried.status_code == 302 and Session.objects.get(pk=session["id"]).state == "killed"
+
+
+def test_a_form_from_another_site_is_explained_and_never_offered_again(agent, alice):
+    from django.test import Client
+
+    session = agent.open()
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(alice)
+    refused = browser.post(f"/t/acme/sessions/{session['id']}/kill", {"csrfmiddlewaretoken": "x" * 32},
+                           headers={"Origin": "http://evil.example"})
+    assert refused.status_code == 403 and 'data-testid="csrf-retry"' not in refused.content.decode()
+    assert "did not come from one of Airlock's own pages" in refused.content.decode()
+    assert Session.objects.get(pk=session["id"]).state == "ready"

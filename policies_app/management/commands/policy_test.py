@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 from policies_app.document import DocumentError, parse_yaml
 from policies_app.engine import VersionRef
 from policies_app.lint import lint
-from policies_app.testing import run_tests
+from policies_app.testing import run_tests, shown
 
 
 class Command(BaseCommand):
@@ -35,7 +35,7 @@ class Command(BaseCommand):
             if outcome.passed:
                 self.stdout.write(f"PASS  {label}")
             else:
-                self.stdout.write(f"FAIL  {label}: expected {outcome.expected}, got {outcome.got}")
+                self.stdout.write(f"FAIL  {label}: expected {shown(outcome.expected)}, got {shown(outcome.got)}")
         failed = sum(not outcome.passed for outcome in outcomes)
         self.stdout.write(f"{len(outcomes) - failed} passed, {failed} failed")
         if failed:
