@@ -35,15 +35,34 @@ def denials(request):
         return _export(query, export, request.tenant.slug)
     summary = metrics.summary(query)
     insight = insights.insights(query, form.since())
-    recent = query.records().select_related("policy_version__policy").order_by("-created_at")[:50]
+    page = Paginator(metrics.latest(query, form.cleaned_data.get("q") or ""), 50).get_page(request.GET.get("page"))
     chart = {"labels": [b["at"].strftime("%m-%d %H:00" if query.hourly else "%Y-%m-%d") for b in summary["over_time"]],
              "counts": [b["count"] for b in summary["over_time"]], "unit": "hour" if query.hourly else "day"}
     versions = PolicyVersion.objects.filter(policy__tenant=request.tenant).select_related("policy").order_by(
         "policy__name", "-number")
     return render(request, "policies_app/denials.html", {
-        "section": "denials", "form": form, "summary": summary, "insights": insight, "recent": recent, "chart": chart,
-        "versions": versions, "query_string": request.GET.urlencode(),
+        "section": "denials", "form": form, "summary": summary, "insights": insight, "page": page, "chart": chart,
+        "versions": versions, "query_string": _query(request.GET), "drill": _drill_links(request.GET),
+        "drilled": [(name, form.cleaned_data[name], _query(request.GET, name)) for name in DRILLED
+                    if form.cleaned_data.get(name)],
     })
+
+
+DRILLED = ("rule", "subject", "pattern", "conversation", "session")  # filters a breakdown's row sets
+
+
+def _query(params, *without: str) -> str:
+    """The page's query string, without the page number (and the keys named)."""
+    kept = params.copy()
+    for key in ("page", "format", *without):
+        kept.pop(key, None)
+    return kept.urlencode()
+
+
+def _drill_links(params) -> dict[str, str]:
+    """For each breakdown: the query string its rows add their value to (the same filters, that
+    dimension's own replaced)."""
+    return {dimension: _query(params, field) for dimension, field in metrics.DRILL.items()}
 
 
 def _export(query: metrics.DenialQuery, kind: str, tenant_slug: str) -> StreamingHttpResponse:

@@ -24,7 +24,8 @@ from policies_app.models import DecisionRecord, DecisionRollup
 
 KEY_COLUMNS = ["tenant_id", "hour", "effect", "reason_code", "version_id", "rule_id", "subject", "pattern",
                "group_kind", "group_value"]
-_NUMBER = re.compile(r"^\d+$")
+_NUMBER = re.compile(r"^\d+(\.\d+)?$")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 COMPACT_LOCK = 0x41524C4B  # the PostgreSQL advisory lock that serialises compactions
@@ -70,19 +71,24 @@ def argument_pattern(request: dict) -> str:
     `pytest tests/a.py` and `pytest tests/b.py` group together (an intent)."""
     if not isinstance(request, dict):
         return ""
-    shapes = []
-    for arg in request.get("args") or []:
-        if not isinstance(arg, str):
-            continue
-        if arg.startswith("-"):
-            shapes.append(arg.split("=", 1)[0] + ("=…" if "=" in arg else ""))
-        elif _NUMBER.match(arg):
-            shapes.append("<n>")
-        elif "/" in arg or "." in arg:
-            shapes.append("<path>")
-        else:
-            shapes.append("<arg>")
+    shapes = [_shape(arg) for arg in request.get("args") or [] if isinstance(arg, str)]
     return " ".join([str(request.get("bin", "")), *shapes]).strip()
+
+
+def _shape(arg: str) -> str:
+    """`--flag` and `--key=…` as written; a URL, a text of several words (a script: `bash -c
+    <text>`), a number, a path (with a slash, or a file's name) or any other word as its kind."""
+    if arg.startswith("-") and not _NUMBER.match(arg[1:]):
+        return arg.split("=", 1)[0] + ("=…" if "=" in arg else "")
+    if _URL.match(arg):
+        return "<url>"
+    if any(char.isspace() for char in arg.strip()):
+        return "<text>"
+    if _NUMBER.match(arg.lstrip("-")):
+        return "<n>"
+    if "/" in arg or arg in {".", ".."} or "." in arg.strip("."):
+        return "<path>"
+    return "<arg>"
 
 
 def count_decision(record: DecisionRecord) -> None:

@@ -132,8 +132,13 @@ def _sessions(metrics: Metrics, tenant: Tenant) -> None:
     metrics.start_cold_ms = {"p50": percentile(by_pool[False], 50), "p95": percentile(by_pool[False], 95)}
     metrics.cost = (metrics.cpu_s * settings.AIRLOCK_COST_PER_CPU_SECOND
                     + metrics.storage_mb_hours * settings.AIRLOCK_COST_PER_MB_HOUR)
-    metrics.starts_over_time = [{"at": at, "sessions": len(values), "p95_ms": percentile(values, 95)}
-                                for at, values in sorted(buckets.items())]
+    # Every hour (or day) of the period, the empty ones too: a chart that skips them misleads.
+    step = timedelta(hours=1) if hourly else timedelta(days=1)
+    at, metrics.starts_over_time = bucket_of(metrics.since, hourly), []
+    while at < metrics.until:
+        values = buckets.get(at, [])
+        metrics.starts_over_time.append({"at": at, "sessions": len(values), "p95_ms": percentile(values, 95)})
+        at += step
 
 
 def warm_pools() -> dict[str, dict]:

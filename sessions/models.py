@@ -88,10 +88,15 @@ class Session(models.Model):
         return self.state in ACTIVE_STATES
 
     @property
-    def running_label(self) -> str:
-        """The running command's argv, from prefetched commands (the dashboard's list)."""
+    def running_command(self) -> "CommandRun | None":
+        """The running command, from prefetched commands (the dashboard's list)."""
         running = [c for c in self.commands.all() if c.state == CommandState.RUNNING]
-        return " ".join(running[-1].argv)[:200] if running else ""
+        return running[-1] if running else None
+
+    @property
+    def running_label(self) -> str:
+        running = self.running_command
+        return " ".join(running.argv)[:200] if running else ""
 
 
 class CommandState(models.TextChoices):

@@ -6,6 +6,7 @@ metrics."""
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db.models import F
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -20,6 +21,10 @@ from sessions.models import Artifact, SessionState, Snapshot
 from sessions.persistence import services as persistence
 
 STATE_FILTERS = ["active", *SessionState.values]
+# The list's orders: a column's name, or `-name` for the other way (the first is the default).
+SORTS = {"age": "-created_at", "-age": "created_at", "state": "state", "-state": "-state",
+         "conversation": "conversation_id", "-conversation": "-conversation_id", "cpu": "-cpu_s", "-cpu": "cpu_s",
+         "memory": "-memory_bytes", "-memory": "memory_bytes"}
 
 
 @tenant_view("read")
@@ -27,11 +32,19 @@ def session_list(request):
     conversation_id = request.GET.get("conversation_id", "").strip()[:200]
     state = request.GET.get("state", "")
     state = state if state in STATE_FILTERS else ""
+    sort = request.GET.get("sort", "age")
+    sort = sort if sort in SORTS else "age"
     sessions = selectors.session_search(request.tenant, conversation_id=conversation_id, state=state)
+    sessions = sessions.order_by(F(SORTS[sort].lstrip("-")).desc(nulls_last=True) if SORTS[sort].startswith("-")
+                                 else F(SORTS[sort]).asc(nulls_last=True), "-created_at")
     page = Paginator(sessions.prefetch_related("commands"), 50).get_page(request.GET.get("page"))
+    kept = request.GET.copy()
+    kept.pop("page", None)
+    kept.pop("sort", None)
     return render(request, "sessions/session_list.html", {
         "section": "sessions", "page": page, "conversation_id": conversation_id, "state": state,
-        "states": STATE_FILTERS, "query": request.GET.urlencode(),
+        "states": STATE_FILTERS, "sort": sort, "filters": kept.urlencode(),
+        "query": f"{kept.urlencode()}&sort={sort}".lstrip("&"),
     })
 
 

@@ -1,3 +1,4 @@
+import math
 import re
 
 from django import template
@@ -32,3 +33,16 @@ def percent(value) -> str:
     """A ratio (0.25) as a percentage ("25.0 %"); None as an em dash."""
     return "—" if value is None else f"{value * 100:.1f} %"
 
+
+
+@register.filter
+def money(value) -> str:
+    """An amount a person can read: cents for a cent or more, else its first two significant
+    digits (0.00042), and 0 as 0.00; never 0.000000 for a small cost nor 6 places for a large one."""
+    if value is None:
+        return "—"
+    value = float(value)
+    if value == 0 or abs(value) >= 0.01:
+        return f"{value:,.2f}"
+    places = 1 - math.floor(math.log10(abs(value)))
+    return f"{value:.{places}f}"

@@ -86,6 +86,7 @@ class LiveSession:
     worker: asyncio.Task | None = None
     command_id: str | None = None
     running_label: str = ""
+    running_since: float | None = None  # when the running command started (epoch seconds)
     output: CommandOutput | None = None
     seq: int = 0
     releasing: asyncio.Task | None = None
@@ -422,6 +423,7 @@ class RunnerService:
         started = asyncio.ensure_future(self.db(records.command_start, command_id=command_id))
         output = CommandOutput(tail_chars=plan.tail_chars, secrets=self.secrets)
         live.command_id, live.output, live.running_label = command_id, output, plan.label
+        live.running_since = time.time()
         self.outbox.emit(live, {"event": "command.started", "command": command_id, "argv": plan.stored_argv})
         self.outbox.summary(live)
         try:
@@ -447,7 +449,7 @@ class RunnerService:
         self.outbox.emit(live, {"event": "command.exited", "command": command_id, "exit_code": status.exit_code,
                          "reason": status.reason, "duration_ms": status.duration_ms,
                          "truncated": output.tail.truncated})
-        live.command_id, live.output, live.running_label = None, None, ""
+        live.command_id, live.output, live.running_label, live.running_since = None, None, "", None
         self.outbox.summary(live)
         return {"ok": True, "command": result}
 

@@ -47,6 +47,7 @@ class Outbox:
         stats = live.stats or Stats(cpu_s=None, memory_bytes=None, disk_bytes=None)
         self._queue.append((tenant_group(live.tenant_id), {
             "event": "session.activity", "session": live.id, "running": live.running_label,
+            "running_since": live.running_since,
             "cpu_s": stats.cpu_s, "memory_bytes": stats.memory_bytes}))
         self._ready.set()
 

@@ -16,3 +16,18 @@ document.addEventListener("DOMContentLoaded", () => {
     },
   });
 });
+
+// Auto-refresh: the page reloads itself every 30 s while the box is ticked (kept across reloads).
+document.addEventListener("DOMContentLoaded", () => {
+  const box = document.querySelector("[data-auto-refresh]");
+  if (!box) return;
+  box.checked = sessionStorage.getItem("airlock.denials.refresh") === "1";
+  let timer = null;
+  const arm = () => {
+    clearTimeout(timer);
+    sessionStorage.setItem("airlock.denials.refresh", box.checked ? "1" : "0");
+    if (box.checked) timer = setTimeout(() => location.reload(), 30000);
+  };
+  box.addEventListener("change", arm);
+  arm();
+});

@@ -4,7 +4,8 @@ document.addEventListener("DOMContentLoaded", () => {
   if (!source || !window.Chart) return;
   const data = JSON.parse(source.textContent);
   const quiet = { animation: false, plugins: { legend: { display: false } } };
-  new Chart(document.getElementById("starts-chart"), {
+  const starts = document.getElementById("starts-chart");
+  if (starts) new Chart(starts, {
     data: {
       labels: data.starts.labels,
       datasets: [
@@ -22,7 +23,7 @@ document.addEventListener("DOMContentLoaded", () => {
       },
     },
   });
-  const bars = (id, chart, color) => new Chart(document.getElementById(id), {
+  const bars = (id, chart, color) => document.getElementById(id) && new Chart(document.getElementById(id), {
     type: "bar",
     data: { labels: chart.labels, datasets: [{ data: chart.counts, backgroundColor: color }] },
     options: { ...quiet, indexAxis: "y", scales: { x: { beginAtZero: true, title: { display: true, text: "count" },

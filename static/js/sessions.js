@@ -41,17 +41,27 @@ document.addEventListener("DOMContentLoaded", () => {
     body.prepend(row);
     return row;
   };
+  const badgeOf = (row) => {
+    const badge = row.querySelector('[data-field="state"]');
+    return badge.tagName === "SPAN" ? badge : badge.querySelector("span");
+  };
+  // A ready session whose command runs shows `running · N s`, counted from the command's start.
+  const showState = (badge) => {
+    const since = Date.parse(badge.dataset.runningSince || "");
+    const running = badge.dataset.state === "ready" && !Number.isNaN(since);
+    badge.textContent = running ? `running · ${Math.max(0, Math.round((Date.now() - since) / 1000))} s` : badge.dataset.state;
+    badge.className = `badge sstate-${running ? "running" : badge.dataset.state}`;
+  };
   const update = (session) => {
     let row = body.querySelector(`tr[data-session="${CSS.escape(session.id)}"]`);
     if (!row) {
       if (!matches(session)) return;
       row = newRow(session);
     }
-    const badge = row.querySelector('[data-field="state"]');
-    const stateBadge = badge.tagName === "SPAN" ? badge : badge.querySelector("span");
-    stateBadge.textContent = session.state;
-    stateBadge.className = `badge sstate-${session.state}`;
+    const stateBadge = badgeOf(row);
+    stateBadge.dataset.state = session.state;
     stateBadge.title = session.state_reason || "";
+    showState(stateBadge);
     row.querySelector('[data-field="conversation_id"]').textContent = session.conversation_id;
     const ageCell = row.querySelector('[data-field="age"]');
     ageCell.dataset.since = session.created_at;
@@ -67,10 +77,18 @@ document.addEventListener("DOMContentLoaded", () => {
       const row = body.querySelector(`tr[data-session="${CSS.escape(event.session)}"]`);
       if (!row) return;
       row.querySelector('[data-field="running"] code').textContent = event.running;
+      const badge = badgeOf(row);
+      if (event.running && event.running_since) badge.dataset.runningSince = new Date(event.running_since * 1000).toISOString();
+      else delete badge.dataset.runningSince;
+      showState(badge);
       if (event.cpu_s != null) row.querySelector('[data-field="cpu_s"]').textContent = event.cpu_s.toFixed(2);
       if (event.memory_bytes != null) row.querySelector('[data-field="memory_bytes"]').textContent = bytes(event.memory_bytes);
     }
   }, document.querySelector("[data-live-status]"));
+  for (const badge of body.querySelectorAll('[data-field="state"]')) showState(badge);
+  setInterval(() => {
+    for (const badge of body.querySelectorAll('[data-running-since]')) showState(badge);
+  }, 1000);
   setInterval(() => {
     for (const ageCell of body.querySelectorAll('[data-field="age"][data-since]')) ageCell.textContent = age(ageCell.dataset.since);
   }, 10000);

@@ -129,3 +129,24 @@ def test_the_session_page_shows_a_running_command_and_its_seconds_and_its_tables
                      token=session["token"])
     assert status == 403
     page.locator("[data-decisions] tr", has_text="sleep forever").locator("text=arg_denied").wait_for()
+
+
+def test_the_list_shows_a_running_command_with_its_seconds_and_sorts_by_a_column(page, demo_server):
+    session = open_session(demo_server, policy="ops", conversation_id="zz-runaway")
+    log_in(page, demo_server)
+    page.wait_for_selector("[data-live-status]:text('live')")
+    status, _ = call(demo_server, "POST", f"/api/v1/sessions/{session['id']}/commands",
+                     {"bin": "sleep", "args": ["30"]}, token=session["token"])
+    assert status == 202
+    badge = page.locator(f"tr[data-session='{session['id']}'] [data-field=state]")
+    badge.filter(has_text=re.compile(r"^running · [1-9]\d* s$")).wait_for()
+    page.reload()  # as the server renders it, counted from the command's start
+    badge.filter(has_text=re.compile(r"^running · \d+ s$")).wait_for()
+    page.get_by_role("link", name="Conversation").click()
+    page.wait_for_url(re.compile(r"sort=conversation"))
+    conversations = page.locator("[data-field=conversation_id]").all_inner_texts()
+    assert conversations == sorted(conversations)
+    page.get_by_role("link", name=re.compile("^Conversation")).click()
+    page.wait_for_url(re.compile(r"sort=-conversation"))
+    assert page.locator("[data-field=conversation_id]").first.inner_text() == "zz-runaway"
+    call(demo_server, "POST", f"/api/v1/sessions/{session['id']}/kill", token=session["token"])

@@ -92,6 +92,12 @@ def test_argument_patterns_group_requests_of_the_same_shape():
     assert argument_pattern({"bin": "pytest", "args": ["tests/a.py", "-k", "slow", "--maxfail=3"]}) == \
         "pytest <path> -k <arg> --maxfail=…"
     assert argument_pattern({"bin": "sleep", "args": ["600"]}) == "sleep <n>"
+    assert argument_pattern({"bin": "curl", "args": ["-fsS", "https://example.org/x.sh"]}) == "curl -fsS <url>"
+    assert argument_pattern({"bin": "bash", "args": ["-c", "cat /etc/shadow"]}) == "bash -c <text>"
+    assert argument_pattern({"bin": "git", "args": ["clone", "git@host:x/y.git", "--depth", "1"]}) == \
+        "git <arg> <path> --depth <n>"
+    assert argument_pattern({"bin": "python3", "args": ["-1", "setup.py", "..", "main"]}) == \
+        "python3 <n> <path> <path> <arg>"
 
 
 def test_the_denials_page_shows_the_figures_and_a_chart(acme, bob, client_for, traffic):
@@ -457,3 +463,57 @@ def test_add_as_a_test_opens_the_editor_with_the_denial_as_a_test_and_saves_noth
     assert limit.reason_code == "path_outside_workspace"  # one a test can hold too
     assert "From denial" in client_for(alice).get(f"/t/acme/policies/default/edit?test_from={limit.pk}").context[
         "form"].initial["source"]
+
+
+def test_a_breakdowns_row_filters_the_page_to_it_and_counts_exactly(acme, bob, client_for, traffic):
+    client = client_for(bob)
+    page = client.get("/t/acme/denials/?period=24h").content.decode()
+    assert 'href="?period=24h&amp;rule=pytest"' in page  # every row is a link that adds its filter
+    assert 'href="?period=24h&amp;conversation=conv-a"' in page
+    assert 'href="?period=24h&amp;pattern=make%20%3Carg%3E"' in page
+    only = client.get("/t/acme/denials/?period=24h&conversation=conv-a")
+    assert only.context["summary"]["total"] == 3 and only.context["summary"]["exact"] is True
+    assert counts(only.context["summary"]["by"]["subject"]) == {"make": 3}
+    assert sum(bucket["count"] for bucket in only.context["summary"]["over_time"]) == 3
+    assert only.context["page"].paginator.count == 3
+    assert 'data-testid="drill-filters"' in only.content.decode()
+    pattern = client.get("/t/acme/denials/?period=24h&pattern=pytest+-c+<arg>")
+    assert pattern.context["summary"]["total"] == 2 and pattern.context["page"].paginator.count == 2
+    assert counts(pattern.context["summary"]["by"]["conversation"]) == {"conv-b": 2}
+    both = client.get("/t/acme/denials/?period=24h&rule=pytest&conversation=conv-a")
+    assert both.context["summary"]["total"] == 0  # conv-a's denials were `make`, not the pytest rule's
+    other = client.get("/t/acme/denials/?period=24h&conversation=conv-a&mode=audit")
+    assert other.context["summary"]["total"] == 0 and other.context["summary"]["other_mode_total"] == 3
+
+
+def test_the_latest_denials_are_paged_and_searched(acme, bob, client_for):
+    policy = publish(acme, "default", ENFORCED)
+    for index in range(60):
+        record(acme, policy, {"bin": "make", "args": [f"target{index}"]}, ago=timedelta(minutes=1),
+               conversation="conv-many" if index % 2 else "conv-few")
+    client = client_for(bob)
+    first = client.get("/t/acme/denials/?period=1h")
+    assert first.context["page"].paginator.count == 60 and len(first.context["page"]) == 50
+    second = client.get("/t/acme/denials/?period=1h&page=2").content.decode()
+    assert "page 2 of 2" in second and second.count("/t/acme/denials/") >= 10
+    assert 'href="?period=1h&amp;page=1"' in second  # the filters kept, one page number
+    found = client.get("/t/acme/denials/?period=1h&q=conv-few")
+    assert found.context["page"].paginator.count == 30
+    assert found.context["summary"]["total"] == 60  # the search narrows the list, not the counts
+    assert client.get("/t/acme/denials/?period=1h&q=nothing-like-it").context["page"].paginator.count == 0
+
+
+def test_a_custom_range_counts_only_its_hours(acme, bob, client_for):
+    policy = publish(acme, "default", ENFORCED)
+    record(acme, policy, {"bin": "make", "args": []}, ago=timedelta(days=3))
+    record(acme, policy, {"bin": "make", "args": []}, ago=timedelta(hours=1))
+    now = timezone.now()
+    start = (now - timedelta(days=4)).strftime("%Y-%m-%dT%H:%M")
+    end = (now - timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
+    client = client_for(bob)
+    page = client.get(f"/t/acme/denials/?start={start}&end={end}")
+    assert page.status_code == 200 and page.context["summary"]["total"] == 1
+    backwards = client.get(f"/t/acme/denials/?start={end}&end={start}")
+    assert backwards.status_code == 400 and "must be after From" in backwards.content.decode()
+    too_long = client.get(f"/t/acme/denials/?start={(now - timedelta(days=400)).strftime('%Y-%m-%dT%H:%M')}")
+    assert too_long.status_code == 400

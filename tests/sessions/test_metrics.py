@@ -78,6 +78,8 @@ def test_every_metric_matches_the_hand_count(acme, fleet):
     assert m.denials_by_reason == {"bin_not_allowed": 3}
     assert m.sessions_by_state == {"ended": 2, "killed": 1, "failed": 1}
     assert sum(bucket["sessions"] for bucket in m.starts_over_time) == 3
+    assert len(m.starts_over_time) in (24, 25)  # every hour of the day, the empty ones too
+    assert [bucket["sessions"] for bucket in m.starts_over_time].count(0) >= 21
 
 
 def test_the_metrics_page_shows_one_tenants_figures_with_charts(acme, bob, charlie, client_for, fleet):
@@ -89,6 +91,22 @@ def test_the_metrics_page_shows_one_tenants_figures_with_charts(acme, bob, charl
     assert "bin_not_allowed" in reasons and ">3<" in reasons and "default_deny" not in reasons  # not globex's
     assert client_for(bob).get("/t/acme/metrics/?period=forever").status_code == 400
     assert client_for(charlie).get("/t/acme/metrics/").status_code == 404
+    cost = html[html.index('data-testid="metric-cost">'):].split("</strong>")[0]
+    assert cost.endswith(">0.0022 USD")  # (6 CPU-s * 0.01 + 5 MB-h * 0.001) / 30 min, readable
+
+
+def test_an_empty_tenants_metrics_say_so_instead_of_empty_charts(acme, bob, client_for):
+    html = client_for(bob).get("/t/acme/metrics/").content.decode()
+    assert 'data-testid="no-starts"' in html and '<canvas id="starts-chart"' not in html
+    assert "no denials in this period" in html and "no sessions in this period" in html
+
+
+@pytest.mark.parametrize("amount, shown", [(0, "0.00"), (0.0022, "0.0022"), (0.000123, "0.00012"), (0.5, "0.50"),
+                                           (1234.5, "1,234.50"), (None, "—")])
+def test_money_is_written_as_a_person_reads_it(amount, shown):
+    from controlplane.templatetags.airlock import money
+
+    assert money(amount) == shown
 
 
 def test_prometheus_metrics_need_a_token_and_a_key_reads_only_its_tenant(acme, globex, fleet, settings, api,
