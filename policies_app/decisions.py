@@ -7,7 +7,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.db import transaction
@@ -69,6 +69,7 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
     (store_taken, later)."""
     count = record if count is None else count
     judge = EVALUATORS[kind]
+    pinned = version is not None
     version = version or (policy.published_version() if policy is not None else None)
     at = at or timezone.now()
     started = time.perf_counter_ns()
@@ -76,6 +77,8 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
     eval_us = (time.perf_counter_ns() - started) // 1000
     if version is not None:
         decision = _with_exceptions(kind, tenant, policy, version, request, decision, at, count=count)
+        if pinned and not decision.allowed and policy is not None:
+            decision = _newer_allows(policy, version, judge, request, decision, at)
     shadow_version = policy.shadow_version if policy is not None and policy.shadow_version_id else None
     shadow = None
     if shadow_version is not None:  # the policy's exceptions hold under the candidate too
@@ -90,6 +93,21 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
                         shadow_reason_code=(shadow.reason_code or "") if shadow else "",
                         shadow_rule_id=(shadow.rule_id or "") if shadow else "")
     return Evaluation(decision=decision, record=stored, shadow=shadow, shadow_version=shadow_version, eval_us=eval_us)
+
+
+def _newer_allows(policy: Policy, version: PolicyVersion, judge, request: dict, decision: Decision,
+                  at: datetime) -> Decision:
+    """A denial by the version a session keeps, when the version published since allows the same
+    request: its hint says so, instead of asking an admin for what is already granted."""
+    published = policy.published_version()
+    if published is None or published.number <= version.number:
+        return decision
+    if judge(compiled_version(published), request, at).effect != "allow":
+        return decision
+    return replace(decision, hint=(
+        f"v{published.number} of policy `{policy.name}`, published since this session opened, allows it; this "
+        f"session keeps v{version.number}, the version it was opened with: a new session runs under "
+        f"v{published.number}"))
 
 
 def _with_exceptions(kind: str, tenant: Tenant, policy: Policy | None, version: PolicyVersion, request: dict,

@@ -77,7 +77,7 @@
     }
 
     exited(event) {
-      this.write(SANE);
+      this.terminal.write(SANE);  // moves nothing: where the line stands is unchanged
       this.meta(`[exit ${event.exit_code ?? "—"} · ${event.reason}` +
         (event.duration_ms !== undefined && event.duration_ms !== null ? ` · ${event.duration_ms} ms` : "") + "]");
     }

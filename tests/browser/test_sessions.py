@@ -74,7 +74,7 @@ def test_a_hundred_thousand_lines_render_with_every_colour_and_the_tab_stays_res
     assert status == 202
     page.wait_for_function("() => Airlock.terminalLines().some((line) => line.startsWith('[exit'))", timeout=60_000)
     lines = page.evaluate("Airlock.terminalLines()")
-    assert lines[-1].startswith("[exit 0 · exited")
+    assert lines[-1].startswith("[exit 0 · exited") and lines[-2] == "blue256 truecolor black"  # no blank between
     assert "100000" in lines and [line for line in lines if "progress" in line] == ["progress 100%"]
     assert page.evaluate("1 + 1") == 2  # the tab answers
     assert page.locator("[data-terminal-cut]").is_visible()  # says that older lines left the view

@@ -129,3 +129,17 @@ def test_egress_decisions_are_recorded_and_replayed_by_their_kind(acme, policy):
     result = replay(policy=policy, compiled=compile_policy(opened, VersionRef("default", 2, opened.sha256())))
     assert (result.replayed, result.widenings) == (1, 1)
     assert result.groups[0].rule_id == "network.allow"
+
+
+def test_a_session_kept_on_an_older_version_is_told_that_the_published_one_allows_it(acme, policy):
+    v1 = policy.published_version()
+    denied = decide(tenant=acme, policy=policy, request={"bin": "git", "args": ["status"]}, version=v1).decision
+    assert not denied.allowed and "v2" not in denied.hint
+    v2 = services.version_create(policy=policy, source="commands:\n  - {id: git, bin: git}\n", actor=None)
+    services.version_publish(version=v2, actor=None, note="git")
+    pinned = decide(tenant=acme, policy=policy, request={"bin": "git", "args": ["status"]}, version=v1)
+    assert not pinned.decision.allowed and pinned.decision.reason_code == "bin_not_allowed"
+    assert pinned.decision.hint.startswith(f"v{v2.number} of policy `default`, published since this session opened, "
+                                           "allows it") and "a new session runs under" in pinned.record.hint
+    still = decide(tenant=acme, policy=policy, request={"bin": "make", "args": []}, version=v1).decision
+    assert "published since" not in still.hint  # v2 refuses it too: the usual hint
