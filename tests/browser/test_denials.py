@@ -172,3 +172,45 @@ def test_an_egress_denial_is_listed_with_its_host_and_allow_this_lets_a_new_sess
     status, ran = api("POST", f"/api/v1/sessions/{fresh['id']}/commands",
                       {"bin": "python3", "args": ["-c", FETCH], "wait": True}, token=fresh["token"])
     assert status == 200 and ran["exit_code"] == 0 and ran["output"] == "200\n", ran
+
+
+COMMENTED = """# The team's policy: reviewed by security every Monday.
+mode: enforce
+commands:
+  # Python only; never a shell.
+  - id: python3
+    bin: python3
+    deny_args: ['^-']   # no interpreter options
+
+# Egress: none (ticket SEC-12).
+tests:
+  - request: {bin: python3, args: ['-c', 'x']}
+    expect: {allowed: false, reason_code: arg_denied}
+"""
+
+
+def test_allow_this_on_a_commented_policy_keeps_every_comment_and_the_diff_is_the_rule(page, demo_server):
+    seeded = demo_server.manage("shell", "-c", (
+        "import os; from controlplane.models import Tenant; from policies_app import services as s; "
+        "p = s.policy_create(tenant=Tenant.objects.get(slug='demo'), name='commented', actor=None); "
+        "v = s.version_create(policy=p, actor=None, source=os.environ['SOURCE']); "
+        "s.version_publish(version=v, actor=None, note='start')"), SOURCE=COMMENTED)
+    assert seeded.returncode == 0, seeded.stderr
+    version = {"number": 1}
+    open_a_denial(page, demo_server, {"bin": "make", "args": ["test"]}, conversation_id="commented",
+                  policy="commented")
+    page.get_by_test_id("allow-this").click()
+    page.get_by_test_id("policy-replay").wait_for()
+    source = page.get_by_test_id("version-source").inner_text()
+    for line in COMMENTED.splitlines():
+        assert line.split("#")[-1].strip() in source, line  # every line, its comments too, still there
+    added = page.get_by_test_id("policy-diff").locator(".d-add").all_inner_texts()
+    removed = page.get_by_test_id("policy-diff").locator(".d-del").all_inner_texts()
+    assert removed == [] and len(added) == 6, added  # a comment, the rule (3 lines) and its test (2)
+    assert any("exact_args: [test]" in line for line in added) and not any("null" in line for line in added)
+    page.go_back()
+    page.reload()
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.get_by_test_id("allow-this").click()  # twice on one denial: the same draft, opened again
+    page.wait_for_url(re.compile(rf"/policies/commented/v/{version['number'] + 1}/$"))
+    assert "already this draft" in page.locator(".messages").inner_text()

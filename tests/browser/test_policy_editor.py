@@ -52,6 +52,11 @@ def test_completion_under_limits_offers_the_schemas_keys_with_their_docs(page, d
     page.keyboard.press("Control+Space")
     options.first.wait_for()
     assert set(options.all_inner_texts()) == {"audit", "enforce"}
+    page.keyboard.press("Escape")
+    page.locator(".cm-line", has_text="command_timeout_s").locator("text=command_timeout_s").hover()
+    hover = page.locator(".cm-tooltip-hover")
+    hover.wait_for()
+    assert "seconds a command may run" in hover.inner_text()  # the schema's own words
 
 
 def test_a_schema_error_is_marked_at_its_line_as_one_types_without_a_reload(page, demo_server):
