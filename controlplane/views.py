@@ -1,11 +1,14 @@
 """The dashboard shell: home, the audit log and the tenant's settings (members and API keys)."""
 
+import re
+
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from controlplane import selectors, services
@@ -156,18 +159,25 @@ def _add_errors(form, exc: ValidationError) -> None:
 # Django's reasons for a refusal that a form of this site can meet (the origin matched): the form's
 # token went stale when its tab's login was renewed, or the cookie went with the session.
 STALE_TOKEN = ("CSRF token", "CSRF cookie")
+# Fields a retry never writes into a page: a credential stays out of HTML, caches and history.
+NEVER_ECHOED = re.compile(r"password|secret|token|key", re.IGNORECASE)
 
 
+@never_cache
 def csrf_failure(request, reason: str = ""):
     """A form whose security token was refused (settings.CSRF_FAILURE_VIEW). When the request came
-    from this site's own page and only its token is stale, the page offers to send the same form
-    again with a fresh token, on a click: a request from another site (its origin or referer did
-    not match) is only explained, never offered again."""
+    from this site's own page, only its token is stale and the person is signed in, the page
+    offers to send the same form again with a fresh token, on a click; never a form that carries
+    a credential (the login's), which is to be typed again. A request from another site (its
+    origin or referer did not match) is only explained, never offered again."""
     stale = any(reason.startswith(prefix) for prefix in STALE_TOKEN) and _from_this_site(request)
+    retry = stale and request.user.is_authenticated and not any(NEVER_ECHOED.search(name) for name in request.POST
+                                                                 if name != "csrfmiddlewaretoken")
     fields = [(name, value) for name, values in request.POST.lists() if name != "csrfmiddlewaretoken"
-              for value in values] if stale and request.user.is_authenticated else []
+              for value in values] if retry else []
     return render(request, "controlplane/csrf_failure.html", {
-        "stale": stale, "fields": fields, "action": request.path, "signed_in": request.user.is_authenticated,
+        "stale": stale, "retry": retry, "fields": fields, "action": request.get_full_path(),
+        "signed_in": request.user.is_authenticated,
     }, status=403)
 
 

@@ -69,7 +69,7 @@ def decide(*, tenant: Tenant, policy: Policy | None, request: dict, session_id=N
     (store_taken, later)."""
     count = record if count is None else count
     judge = EVALUATORS[kind]
-    pinned = version is not None
+    pinned = version is not None and session_id is not None  # a session's: it keeps its version
     version = version or (policy.published_version() if policy is not None else None)
     at = at or timezone.now()
     started = time.perf_counter_ns()

@@ -34,7 +34,7 @@ def denials(request):
     if export in {"csv", "json"}:
         return _export(query, export, request.tenant.slug)
     summary = metrics.summary(query)
-    insight = insights.insights(query, form.since())
+    insight = insights.insights(query.undrilled(), form.since())
     page = Paginator(metrics.latest(query, form.cleaned_data.get("q") or ""), 50).get_page(request.GET.get("page"))
     chart = {"labels": [b["at"].strftime("%m-%d %H:00" if query.hourly else "%Y-%m-%d") for b in summary["over_time"]],
              "counts": [b["count"] for b in summary["over_time"]], "unit": "hour" if query.hourly else "day"}

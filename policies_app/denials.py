@@ -10,8 +10,8 @@ row clicked) is answered from one scan of the period's decisions instead (`Denia
 at most SCAN_LIMIT of them."""
 
 from collections import Counter
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import NamedTuple
 
@@ -34,6 +34,7 @@ DIMENSIONS = {"reason": ("", "reason_code"), "rule": ("", "rule_id"), "subject":
 TOP = 10
 SCAN_LIMIT = 200_000
 MAX_RANGE = timedelta(days=366)
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)  # a From or To before it is a typing slip, not a period
 # A breakdown's dimension -> the filter its rows set when clicked.
 DRILL = {"reason": "reason", "rule": "rule", "subject": "subject", "pattern": "pattern",
          "conversation": "conversation", "session": "session"}
@@ -75,10 +76,14 @@ class DenialFilter(forms.Form):
 
     def clean(self):
         data = super().clean()
+        start, end, now = data.get("start"), data.get("end"), timezone.now()
+        for name in ("start", "end"):
+            if data.get(name) and not EARLIEST <= data[name] <= now + timedelta(days=1):
+                self.add_error(name, f"must be between {EARLIEST:%Y-%m-%d} and now")
         start, end = data.get("start"), data.get("end")
-        if start and end and start >= end:
-            self.add_error("end", "must be after From")
-        elif start and (end or timezone.now()) - start > MAX_RANGE:
+        if start and start >= (end or now):
+            self.add_error("end" if end else "start", "must be after From" if end else "must be before now")
+        elif start and (end or now) - start > MAX_RANGE:
             self.add_error("start", "a range is at most 366 days")
         return data
 
@@ -136,6 +141,11 @@ class DenialQuery:
     pattern: str = ""
     conversation: str = ""
     session: str = ""
+
+    def undrilled(self) -> "DenialQuery":
+        """The same period and filters without a breakdown's row: what insights judge (a rule is
+        dormant, or a version's rate rose, over all its decisions, not over one conversation's)."""
+        return replace(self, rule="", subject="", pattern="", conversation="", session="")
 
     @property
     def exact(self) -> bool:

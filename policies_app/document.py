@@ -273,12 +273,14 @@ def _validate(data, node) -> PolicyDocument:
         raise DocumentError(errors) from None
 
 
-def line_at(source: str, location: list) -> int | None:
-    """The line of `location` (keys and list indexes) in a YAML source, as errors name it."""
+def lines_of(source: str):
+    """A function from a location (keys and list indexes) to its line in `source`, as errors name
+    it; the source is parsed once, however many locations are asked for."""
     try:
-        return _line_of(yaml.compose(source, Loader=yaml.SafeLoader), location)
+        node = yaml.compose(source, Loader=yaml.SafeLoader)
     except (yaml.YAMLError, RecursionError):
-        return None
+        node = None
+    return lambda location: _line_of(node, location)
 
 
 def _line_of(node, location: list) -> int | None:

@@ -168,9 +168,15 @@ def with_denial_test(source: str, record: DecisionRecord) -> str:
         test_request["cwd"] = request["cwd"]
     test = {"request": test_request, "expect": {"allowed": False, "reason_code": record.reason_code}}
     try:
-        return yamledit.append_item(source, ("tests",), test, comment=f"From denial {record.id}: keep it refused.")
-    except yamledit.Unsupported as exc:
-        raise NotNarrowable(f"the document cannot take the test where it is ({exc})") from None
+        document = parse_yaml(source).canonical()
+        edited = yamledit.append_item(source, ("tests",), test, comment=f"From denial {record.id}: keep it refused.")
+        meant = PolicyDocument.model_validate({**document, "tests": [*document["tests"], test]})
+        if parse_yaml(edited).sha256() == meant.sha256():
+            return edited
+    except (yamledit.Unsupported, DocumentError, ValidationError):
+        pass
+    raise NotNarrowable("the document's `tests:` is written in a way this cannot add to without rewriting it; "
+                        "add the test by hand")
 
 
 def narrow_rule(record: DecisionRecord, expires: datetime | None = None) -> dict:
@@ -221,7 +227,8 @@ def _edited(base: PolicyVersion, document: dict, edit, record: DecisionRecord, w
         pass
     header = (f"# Drafted by \"Allow this\" from denial {record.id} ({record.reason_code}) on v{base.number}:\n"
               f"# {what}. v{base.number}'s layout could not be kept, so the document is written anew.\n")
-    return header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+    written = PolicyDocument.model_validate(document).model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    return header + yaml.safe_dump(written, sort_keys=False, allow_unicode=True)
 
 
 def _save_draft(base: PolicyVersion, source: str, actor, *, note: str) -> PolicyVersion:

@@ -5,7 +5,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from policies_app.decisions import ReplayResult, replay
-from policies_app.document import DocumentError, PolicyDocument, line_at, parse_yaml
+from policies_app.document import DocumentError, PolicyDocument, lines_of, parse_yaml
 from policies_app.engine import VersionRef, compile_policy
 from policies_app.lint import LintWarning, lint
 from policies_app.models import Policy
@@ -53,14 +53,18 @@ def review(*, policy: Policy, source: str, number: int = 0, with_replay: bool = 
     return result
 
 
+MARKS = 200  # what the editor marks at most: past that, the first ones are what a person reads
+
+
 def marks(result: Review, source: str) -> list[dict]:
     """What the editor marks at a line: errors, lint warnings and failing tests, each
-    `{line, severity, message}` (a line of None: the document as a whole)."""
+    `{line, severity, message}` (a line of None: the document as a whole), at most MARKS."""
     found = [{"line": error.get("line"), "severity": "error",
               "message": f"{error['path'] or 'document'}: {error['message']}"} for error in result.errors]
     document = result.document
     if document is None:
-        return found
+        return found[:MARKS]
+    line_at = lines_of(source)
     rules = [rule.id for rule in document.commands]
     allowed = document.network.allow
     for warning in result.warnings:
@@ -70,14 +74,16 @@ def marks(result: Review, source: str) -> list[dict]:
             location = ["network", "allow", *(i for i, entry in enumerate(allowed) if f"`{entry}`" in warning.message)]
         else:
             location = [warning.rule_id]
-        found.append({"line": line_at(source, location[:3]), "severity": "warning", "message": warning.message})
+        found.append({"line": line_at(location[:3]), "severity": "warning", "message": warning.message})
     for outcome in result.tests:
+        if len(found) >= MARKS:
+            break
         if not outcome.passed:
             got = {key: value for key, value in outcome.got.items() if key in outcome.expected}
-            found.append({"line": line_at(source, ["tests", outcome.index]), "severity": "error",
+            found.append({"line": line_at(["tests", outcome.index]), "severity": "error",
                           "message": f"test {outcome.index + 1} fails: expected {shown(outcome.expected)}, got "
                                      f"{shown(got)}"})
-    return found
+    return found[:MARKS]
 
 
 def source_diff(old: str, new: str) -> list[DiffLine]:

@@ -119,7 +119,9 @@ def _flow_append(source: str, node: yaml.SequenceNode, item, comment: str) -> st
     written = source[start:end]
     if not node.flow_style:  # an empty block list cannot be: a flow `[]` it is
         raise Unsupported("an empty list that is not []")
-    inner = written[1:-1].rstrip()
+    if "#" in written or "&" in written or "*" in written:  # a comment, an anchor or an alias inside
+        raise Unsupported("a list written in flow style with a comment, an anchor or an alias in it")
+    inner = written[1:-1].rstrip().removesuffix(",").rstrip()  # `[a, b,]`: its trailing comma goes
     separator = ", " if inner.strip() else ""
     edited = source[:start] + "[" + inner + separator + _flow(item) + "]" + source[end:]
     line_start = source.rfind("\n", 0, start) + 1
@@ -135,16 +137,20 @@ def _insert_after(source: str, node, text: str) -> str:
     return source[: end + 1] + text + source[end + 1:]
 
 
-def _content_end(node) -> int:
+def _content_end(node, after: int = 0) -> int:
     """Where the last thing a node holds ends: a block collection's own end mark lies at the next
-    token, past the comments and blank lines that follow it."""
+    token, past the comments and blank lines that follow it. A node that starts before `after`
+    (the one holding it) is an alias, whose text is its anchor's, elsewhere."""
+    if node.start_mark.index < after:
+        raise Unsupported("an alias")
+    after = node.start_mark.index
     if isinstance(node, yaml.ScalarNode) or getattr(node, "flow_style", False):
         end = node.end_mark.index
         return end - 1 if getattr(node, "style", None) in ("|", ">") and end else end
     if isinstance(node, yaml.MappingNode):
-        return _content_end(node.value[-1][1]) if node.value else node.start_mark.index
+        return _content_end(node.value[-1][1], after) if node.value else node.start_mark.index
     if isinstance(node, yaml.SequenceNode):
-        return _content_end(node.value[-1]) if node.value else node.start_mark.index
+        return _content_end(node.value[-1], after) if node.value else node.start_mark.index
     raise Unsupported("an alias or an unknown node")
 
 

@@ -188,7 +188,7 @@ def denials(request):
                         status=status.HTTP_400_BAD_REQUEST)
     query = form.query()
     summary = denial_summary(query)
-    summary["insights"] = insights(query, form.since())
+    summary["insights"] = insights(query.undrilled(), form.since())
     return Response(summary)
 
 

@@ -55,7 +55,8 @@ document.addEventListener("DOMContentLoaded", () => {
   const update = (session) => {
     let row = body.querySelector(`tr[data-session="${CSS.escape(session.id)}"]`);
     if (!row) {
-      if (!matches(session)) return;
+      // A new session goes on top of the newest-first order; another order shows it on a reload.
+      if (!matches(session) || (table.dataset.sort || "age") !== "age") return;
       row = newRow(session);
     }
     const stateBadge = badgeOf(row);

@@ -26,11 +26,22 @@
   const visible = (text) => String(text).replace(/[\x00-\x1f\x7f-\x9f]/g,
     (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
 
+  // A link the output writes (OSC 8) is untrusted: http(s) only, shown before it opens, in a new
+  // tab that cannot reach back to this page.
+  const linkHandler = {
+    allowNonHttpProtocols: false,
+    activate: (event, uri) => {
+      if (/^https?:\/\//i.test(uri) && window.confirm(`Open a link that a command's output holds?\n\n${uri}`)) {
+        window.open(uri, "_blank", "noopener,noreferrer");
+      }
+    },
+  };
+
   function makeTerminal(element, options = {}) {
     const terminal = new Terminal({
       convertEol: true, scrollback: SCROLLBACK, disableStdin: true, cursorBlink: false, cursorInactiveStyle: "none",
       fontFamily: getComputedStyle(document.body).getPropertyValue("--mono") || "monospace", fontSize: 13,
-      theme: THEME, ...options,
+      theme: THEME, linkHandler, ...options,
     });
     const fit = new FitAddon.FitAddon();
     terminal.loadAddon(fit);
@@ -58,7 +69,6 @@
       ({ terminal: this.terminal, fit: this.fit } = makeTerminal(element));
       this.search = new SearchAddon.SearchAddon();
       this.terminal.loadAddon(this.search);
-      this.lines = 0;          // lines written, to tell when the oldest left the scrollback
       this.atLineStart = true;
       this.cut = document.querySelector("[data-terminal-cut]");
       new ResizeObserver(() => this.fit.fit()).observe(element);
@@ -66,10 +76,11 @@
 
     write(data) {
       if (!data) return;
-      this.terminal.write(data);
+      // Once the buffer is full, older lines (long ones wrap into several) leave it: say so.
+      this.terminal.write(data, () => {
+        if (this.cut && this.terminal.buffer.active.length >= SCROLLBACK + this.terminal.rows) this.cut.hidden = false;
+      });
       this.atLineStart = data.endsWith("\n");
-      for (let at = data.indexOf("\n"); at !== -1; at = data.indexOf("\n", at + 1)) this.lines++;
-      if (this.cut && this.lines > SCROLLBACK + this.terminal.rows) this.cut.hidden = false;
     }
 
     meta(text, style = META) {
@@ -84,7 +95,6 @@
 
     reset() {
       this.terminal.reset();
-      this.lines = 0;
       this.atLineStart = true;
       if (this.cut) this.cut.hidden = true;
     }
@@ -162,7 +172,8 @@
     details.addEventListener("toggle", () => {
       if (!details.open || details.dataset.drawn) return;
       details.dataset.drawn = "1";
-      const text = details.querySelector("template").content.textContent;
+      // As JSON, not as markup: the HTML parser would turn a progress bar's \r into \n.
+      const text = JSON.parse(details.querySelector("script[type='application/json']").textContent);
       const rows = Math.min(24, Math.max(2, text.split("\n").length + 1));
       const { terminal } = makeTerminal(details.querySelector("[data-stored-terminal]"), { rows, scrollback: 5000 });
       terminal.write(text);

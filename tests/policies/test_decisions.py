@@ -132,14 +132,22 @@ def test_egress_decisions_are_recorded_and_replayed_by_their_kind(acme, policy):
 
 
 def test_a_session_kept_on_an_older_version_is_told_that_the_published_one_allows_it(acme, policy):
+    import uuid
+
+    session = uuid.uuid4()
     v1 = policy.published_version()
-    denied = decide(tenant=acme, policy=policy, request={"bin": "git", "args": ["status"]}, version=v1).decision
+    denied = decide(tenant=acme, policy=policy, request={"bin": "git", "args": ["status"]}, version=v1,
+                    session_id=session).decision
     assert not denied.allowed and "v2" not in denied.hint
     v2 = services.version_create(policy=policy, source="commands:\n  - {id: git, bin: git}\n", actor=None)
     services.version_publish(version=v2, actor=None, note="git")
-    pinned = decide(tenant=acme, policy=policy, request={"bin": "git", "args": ["status"]}, version=v1)
+    dry_run = decide(tenant=acme, policy=policy, request={"bin": "git", "args": []}, version=v1, record=False)
+    assert "session" not in dry_run.decision.hint  # a dry run of an old version is no session's
+    pinned = decide(tenant=acme, policy=policy, request={"bin": "git", "args": ["status"]}, version=v1,
+                    session_id=session)
     assert not pinned.decision.allowed and pinned.decision.reason_code == "bin_not_allowed"
     assert pinned.decision.hint.startswith(f"v{v2.number} of policy `default`, published since this session opened, "
                                            "allows it") and "a new session runs under" in pinned.record.hint
-    still = decide(tenant=acme, policy=policy, request={"bin": "make", "args": []}, version=v1).decision
+    still = decide(tenant=acme, policy=policy, request={"bin": "make", "args": []}, version=v1,
+                   session_id=session).decision
     assert "published since" not in still.hint  # v2 refuses it too: the usual hint

@@ -517,3 +517,34 @@ def test_a_custom_range_counts_only_its_hours(acme, bob, client_for):
     assert backwards.status_code == 400 and "must be after From" in backwards.content.decode()
     too_long = client.get(f"/t/acme/denials/?start={(now - timedelta(days=400)).strftime('%Y-%m-%dT%H:%M')}")
     assert too_long.status_code == 400
+    future = (now + timedelta(days=3)).strftime("%Y-%m-%dT%H:%M")
+    for query in ("end=9999-12-31T23:59", "end=0001-01-01T00:00", "start=0001-01-01T00:00", f"start={future}",
+                  "end=9999-12-31T23:59&format=csv"):
+        assert client.get(f"/t/acme/denials/?{query}").status_code == 400, query  # never a 500
+    assert client.get(f"/t/acme/denials/?start={future}").content.decode().count("must be") == 1
+
+
+def test_add_as_a_test_never_offers_a_broken_document(acme, alice, client_for):
+    source = ("commands: [{id: pytest, bin: pytest}]\n"
+              "tests: [\n  {request: {bin: pytest}, expect: {allowed: true}},  # ok\n]\n")
+    policy = publish(acme, "default", source)
+    denial = record(acme, policy, {"bin": "make", "args": []}, ago=timedelta(minutes=1))
+    editor = client_for(alice).get(f"/t/acme/policies/default/edit?test_from={denial.pk}")
+    assert editor.context["form"].initial["source"] == source  # left as it was
+    assert "add the test by hand" in editor.content.decode() and not editor.context["review"].errors
+
+
+def test_allow_this_that_cannot_keep_the_layout_writes_the_document_without_its_defaults(acme, alice, client_for):
+    source = "commands: [\n  {id: pytest, bin: pytest},  # tests\n]\n"  # a comment inside a flow list
+    policy = publish(acme, "default", source)
+    denial = record(acme, policy, {"bin": "make", "args": ["test"]}, ago=timedelta(minutes=1))
+    assert allow_this(client_for(alice), denial).status_code == 201
+    draft = policy.versions.order_by("-number").first().source
+    assert "written anew" in draft and "null" not in draft and "exact_args:" in draft
+
+
+def test_a_drilled_page_judges_dormant_rules_over_the_whole_period(acme, bob, client_for, traffic):
+    drilled = client_for(bob).get("/t/acme/denials/?period=24h&rule=pytest").context["insights"]
+    whole = client_for(bob).get("/t/acme/denials/?period=24h").context["insights"]
+    assert drilled["dormant_rules"] == whole["dormant_rules"]
+    assert drilled["version_rates"] == whole["version_rates"]

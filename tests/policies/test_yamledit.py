@@ -93,3 +93,14 @@ def test_an_alias_whose_anchor_sits_on_a_line_with_a_dash_is_refused_too():
     source = "x: [- &b {id: x, bin: x}]\ncommands:\n  - *b\n".replace("[- ", "['-', ")
     with pytest.raises(Unsupported):
         append_item(source, ("commands",), {"id": "y", "bin": "y"})
+
+
+def test_a_flow_list_with_a_comment_or_an_alias_inside_is_refused_and_a_trailing_comma_dropped():
+    commented = "tests: [\n  {request: {bin: pytest}, expect: {allowed: true}},  # first\n]\n"
+    with pytest.raises(Unsupported):
+        append_item(commented, ("tests",), {"request": {"bin": "make"}, "expect": {"allowed": False}})
+    assert append_item("commands: [{id: a, bin: a},]\n", ("commands",), {"id": "b", "bin": "b"}) == (
+        "commands: [{id: a, bin: a}, {id: b, bin: b}]\n")
+    tail_alias = "x: &end [1]\ncommands:\n  - id: a\n    exact_args: *end\n"
+    with pytest.raises(Unsupported):  # the item's last value is an alias: its text is the anchor's
+        append_item(tail_alias, ("commands",), {"id": "b", "bin": "b"})

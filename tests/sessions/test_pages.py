@@ -141,3 +141,18 @@ def test_a_form_from_another_site_is_explained_and_never_offered_again(agent, al
     assert refused.status_code == 403 and 'data-testid="csrf-retry"' not in refused.content.decode()
     assert "did not come from one of Airlock's own pages" in refused.content.decode()
     assert Session.objects.get(pk=session["id"]).state == "ready"
+
+
+def test_a_stale_login_form_is_never_written_back_into_the_page(alice):
+    from django.test import Client
+    from django.urls import reverse
+
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(alice)  # logged in again elsewhere: this tab's login form went stale
+    browser.cookies["csrftoken"] = "b" * 32
+    refused = browser.post(reverse("login") + "?next=/t/acme/", {"csrfmiddlewaretoken": "c" * 32, "username": "alice",
+                                                                 "password": "hunter2-secret"},
+                           headers={"Origin": "http://testserver"})
+    page = refused.content.decode()
+    assert refused.status_code == 403 and "hunter2" not in page and 'data-testid="csrf-retry"' not in page
+    assert "no-store" in refused["Cache-Control"]
