@@ -72,6 +72,36 @@ class PolicyVersion(models.Model):
         return "retired" if self.publications.exists() else "draft"
 
 
+class FloorVersion(models.Model):
+    """The platform floor (policies_app/floor.py): a deployment-wide policy document that every
+    tenant's policy may only narrow. Versions only grow; the newest is in force."""
+
+    number = models.PositiveIntegerField(unique=True)
+    document = models.JSONField()  # the canonical document
+    source = models.TextField()
+    sha256 = models.CharField(max_length=64)
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    note = models.TextField(blank=True)
+
+    objects = ImmutableQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"platform floor v{self.number}"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise PermissionError("floor versions are immutable")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError("floor versions are immutable")
+
+
 class PolicyPublication(models.Model):
     """Append-only: each publish, rollback or retire of a policy, in order."""
 

@@ -4,6 +4,7 @@ lines, lint warnings, its own tests, a diff against the published version, a rep
 import difflib
 from dataclasses import dataclass, field
 
+from policies_app import floor
 from policies_app.decisions import ReplayResult, replay
 from policies_app.document import DocumentError, PolicyDocument, lines_of, parse_yaml
 from policies_app.engine import VersionRef, compile_policy
@@ -27,6 +28,8 @@ class Review:
     diff: list[DiffLine] = field(default_factory=list)
     replay: ReplayResult | None = None
     published: int | None = None  # the number of the version the diff is against
+    floor: list[dict] = field(default_factory=list)  # how it widens the platform floor: {line, message}
+    floor_number: int | None = None  # the floor in force
 
     @property
     def error_lines(self) -> list[int]:
@@ -46,8 +49,13 @@ def review(*, policy: Policy, source: str, number: int = 0, with_replay: bool = 
     except DocumentError as exc:
         return Review(document=None, errors=exc.errors, diff=diff, published=published.number if published else None)
     ref = VersionRef(policy.name, number, document.sha256())
+    in_force = floor.current()
+    widened = floor.check(document, in_force) if in_force else []
+    line_at = lines_of(source) if widened else None
     result = Review(document=document, warnings=lint(document), tests=run_tests(document, ref), diff=diff,
-                    published=published.number if published else None)
+                    published=published.number if published else None,
+                    floor=[{"line": line_at(list(w.location)), "message": w.message} for w in widened],
+                    floor_number=in_force.number if in_force else None)
     if with_replay:
         result.replay = replay(policy=policy, compiled=compile_policy(document, ref), limit=replay_limit)
     return result
@@ -65,6 +73,8 @@ def marks(result: Review, source: str) -> list[dict]:
     if document is None:
         return found[:MARKS]
     line_at = lines_of(source)
+    found += [{"line": widening["line"], "severity": "error", "message": f"platform floor: {widening['message']}"}
+              for widening in result.floor]
     rules = [rule.id for rule in document.commands]
     allowed = document.network.allow
     for warning in result.warnings:

@@ -6,10 +6,10 @@ from django.db.models import Max
 
 from controlplane.audit import audit_record, user_of
 from controlplane.models import Tenant
-from policies_app import lint
-from policies_app.document import DocumentError, PolicyDocument, parse_yaml
+from policies_app import floor, lint
+from policies_app.document import DocumentError, PolicyDocument, lines_of, parse_yaml
 from policies_app.engine import VersionRef
-from policies_app.models import Policy, PolicyPublication, PolicyVersion
+from policies_app.models import FloorVersion, Policy, PolicyPublication, PolicyVersion
 from policies_app.testing import run_tests, shown
 
 
@@ -61,6 +61,9 @@ def version_publish(*, version: PolicyVersion, actor, note: str,
     if failures:
         raise ValidationError({"tests": [f"test {f.index + 1}: expected {shown(f.expected)}, got {shown(f.got)}"
                                          for f in failures]})
+    if widened := floor.check(document):
+        line_at = lines_of(version.source)
+        raise ValidationError({"floor": [f"line {line_at(list(w.location))}: {w.message}" for w in widened]})
     if unreachable := lint.unreachable_entries(document):
         raise ValidationError({"network": [warning.message.removesuffix("; publishing refuses it")
                                            for warning in unreachable]})
@@ -113,3 +116,34 @@ def policy_set_shadow(*, policy: Policy, version: PolicyVersion | None, actor) -
     audit_record(tenant=policy.tenant, actor=actor, action="policy.shadow_set", target=policy,
                  data={"policy": policy.name, "number": version.number if version else None})
     return policy
+
+
+class FloorBreaks(Exception):
+    """Saving this floor would refuse published tenant versions: `broken` (floor.Broken)."""
+
+    def __init__(self, broken: list):
+        super().__init__(f"{len(broken)} published version(s) would be refused")
+        self.broken = broken
+
+
+@transaction.atomic
+def floor_set(*, source: str, actor, note: str, accept_breaking: bool = False) -> FloorVersion:
+    """A new platform floor, in force at once, recorded in every tenant's audit chain. Raises
+    DocumentError for an invalid document and FloorBreaks when published tenant versions would
+    be refused, unless `accept_breaking` (their sessions then cannot start until narrowed)."""
+    if not note.strip():
+        raise ValidationError({"note": "say why the floor changes"})
+    document = parse_yaml(source)
+    broken = floor.preview(document)
+    if broken and not accept_breaking:
+        raise FloorBreaks(broken)
+    FloorVersion.objects.select_for_update().order_by("-number").first()  # one number at a time
+    last = FloorVersion.objects.aggregate(last=Max("number"))["last"] or 0
+    version = FloorVersion.objects.create(number=last + 1, document=document.canonical(), source=source,
+                                          sha256=document.sha256(), author=user_of(actor), note=note)
+    for tenant in Tenant.objects.order_by("pk"):
+        audit_record(tenant=tenant, actor=actor, action="platform.floor_set", target=version,
+                     data={"number": version.number, "sha256": version.sha256, "note": note,
+                           "refuses": [f"{b.policy.name} v{b.version.number}" for b in broken
+                                       if b.policy.tenant_id == tenant.pk]})
+    return version

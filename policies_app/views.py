@@ -11,7 +11,7 @@ from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
 
 from controlplane.decorators import tenant_view
-from policies_app import narrowing, selectors, services
+from policies_app import floor, narrowing, selectors, services
 from policies_app.decisions import decision_payload
 from policies_app.document import DocumentError, json_schema, parse_yaml
 from policies_app.engine import VersionRef, compile_policy, evaluate
@@ -119,7 +119,7 @@ def _render_editor(request, policy, form, result, *, status: int = 200, publishe
     return render(request, "policies_app/editor.html",
                   {"section": "policies", "policy": policy, "form": form, "review": result, "published": published,
                    "published_source": published.source if published else "", "schema": json_schema(),
-                   "added_test": added_test, "try_form": TryForm()}, status=status)
+                   "added_test": added_test, "try_form": TryForm(), "floor": floor.current()}, status=status)
 
 
 @require_POST

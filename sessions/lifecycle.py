@@ -37,7 +37,9 @@ from controlplane import rows
 from controlplane.audit import audit_record
 from controlplane.models import Tenant
 from controlplane.redaction import configured_secrets
+from policies_app import floor
 from policies_app.decisions import record_payload, refuse
+from policies_app.document import PolicyDocument
 from policies_app.models import Policy, PolicyVersion
 from sessions import admission, services
 from sessions.events import session_changed_on_commit
@@ -103,6 +105,7 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
         raise LifecycleError("policy_not_published", f"policy {policy_name!r} has no published version; a security "
                              "admin can publish one", 409)
     version.policy = policy  # the row just read: the session's answer names it
+    _within_floor(tenant=tenant, version=version, conversation_id=conversation_id)
     if repository and repository not in allowed_repositories(tenant.slug):
         raise LifecycleError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)
     resumed = _resume_claim(tenant=tenant, version=version, conversation_id=conversation_id, persist=persist,
@@ -175,6 +178,27 @@ def _resume_claim(*, tenant: Tenant, version: PolicyVersion, conversation_id: st
     except persistence.ProvenanceError as exc:
         raise _resume_refused(tenant=tenant, version=version, conversation_id=conversation_id, resume=resume,
                               session_id=None, error=exc) from None
+
+
+def _within_floor(*, tenant: Tenant, version: PolicyVersion, conversation_id: str) -> None:
+    """A session runs with its tenant's version checked against the platform floor in force: a
+    version the floor has since narrowed below opens nothing (recorded like a denial)."""
+    in_force = floor.current()
+    widened = floor.check(PolicyDocument.model_validate(version.document), in_force) if in_force else []
+    if not widened:
+        return
+    evaluation = refuse(tenant=tenant, version=version, kind="session", rule_id="platform.floor",
+                        request={"policy": version.policy.name, "conversation_id": conversation_id},
+                        reason_code="limit_exceeded",
+                        message=f"policy `{version.policy.name}` v{version.number} widens the platform floor "
+                                f"v{in_force.number}: {widened[0].message}"
+                                + (f" (and {len(widened) - 1} more)" if len(widened) > 1 else ""),
+                        hint="a security admin can publish a version within the platform floor (the editor marks "
+                             "each widening at its line)", conversation_id=conversation_id,
+                        secrets=configured_secrets())
+    refused = LifecycleError("policy_outside_floor", evaluation.decision.message, 403)
+    refused.decision = record_payload(evaluation.record)
+    raise refused
 
 
 def _resume_refused(*, tenant, version, conversation_id: str, resume: str, session_id,

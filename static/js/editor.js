@@ -172,15 +172,18 @@ document.addEventListener("DOMContentLoaded", () => {
     if (!tab) return;
     for (const other of tabs.querySelectorAll("[data-tab]")) other.setAttribute("aria-selected", String(other === tab));
     const diff = tab.dataset.tab === "diff";
+    const floorShown = tab.dataset.tab === "floor";
     merge?.destroy();
     merge = null;
+    const floorSource = form.querySelector("[data-floor]");
+    if (floorSource) floorSource.hidden = !floorShown;
     if (diff) {
       const readOnly = [nonce, theme, CM.basicSetup, CM.yaml(), CM.EditorState.readOnly.of(true), CM.EditorView.editable.of(false)];
       merge = new CM.MergeView({ a: { doc: published, extensions: readOnly },
         b: { doc: view.state.doc.toString(), extensions: readOnly }, parent: mergeHost });
     }
     mergeHost.hidden = !diff;
-    host.hidden = diff;
+    host.hidden = diff || floorShown;
   });
 
   // Try a request: judged by the document in the editor, nothing recorded.
