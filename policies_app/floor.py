@@ -106,7 +106,7 @@ def _beyond(rule: CommandRule, floor: CommandRule) -> str | None:
 
 def _network(document: PolicyDocument, floor: PolicyDocument) -> list[Widening]:
     mine, most = document.network, floor.network
-    if mine.egress != "allowlist":
+    if mine.egress != "allowlist" or not mine.allow:  # an empty allowlist reaches nothing
         return []
     if most.egress != "allowlist":
         return [Widening(("network", "egress"), "the platform floor allows no egress")]
