@@ -87,6 +87,14 @@ class DenialParams(serializers.Serializer):
     since_version = serializers.IntegerField(
         required=False, help_text="insights: what is denied since this version (an id) was published that was not "
                                   "before; default: the last published version")
+    start = serializers.DateTimeField(required=False, help_text="from (UTC); with `end`, instead of `period`; at "
+                                                                "most 366 days")
+    end = serializers.DateTimeField(required=False, help_text="to (UTC); default now")
+    rule = serializers.CharField(required=False, help_text="only this rule's denials (counted exactly)")
+    subject = serializers.CharField(required=False, help_text="only this program, path or host:port")
+    pattern = serializers.CharField(required=False, help_text="only this argument pattern, e.g. `make <arg>`")
+    conversation = serializers.CharField(required=False, help_text="only this conversation's denials")
+    session = serializers.UUIDField(required=False, help_text="only this session's denials")
 
 
 class EvaluateSerializer(serializers.Serializer):

@@ -120,3 +120,24 @@ def test_review_checks_a_document_without_saving_it(writer, reader):
     assert reader.get("/api/v1/policies/default").json()["versions"][0]["number"] == 1  # nothing was saved
     new = post(reader, "/api/v1/policies/nothing/review", {"source": V1})  # not created yet: reviewed all the same
     assert new.status_code == 200 and new.json()["published"] is None and not new.json()["tests_failed"]
+
+
+def test_the_denials_api_takes_a_range_and_a_breakdowns_filter(acme, make_key, api):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from policies_app import services
+    from policies_app.decisions import decide
+
+    policy = services.policy_create(tenant=acme, name="default", actor=None)
+    services.version_publish(version=services.version_create(policy=policy, source="commands: []\n", actor=None),
+                             actor=None, note="first")
+    for conversation in ("a", "a", "b"):
+        decide(tenant=acme, policy=policy, request={"bin": "make", "args": []}, conversation_id=conversation)
+    client = api(make_key(acme, scopes=["policies:read"]).key)
+    assert client.get("/api/v1/denials?conversation=a").json()["total"] == 2
+    start = (timezone.now() - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M")
+    assert client.get(f"/api/v1/denials?start={start}").json()["total"] == 3
+    refused = client.get("/api/v1/denials?end=9999-12-31T23:59")
+    assert refused.status_code == 400 and "end" in refused.json()["fields"]
