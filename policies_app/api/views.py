@@ -128,7 +128,9 @@ def policy_shadow(request, name: str):
     return Response(s.PolicySerializer(policy).data)
 
 
-@extend_schema(request=s.ReplaySerializer)
+@extend_schema(request=s.ReplaySerializer, responses=OpenApiTypes.OBJECT,
+               summary="Replay recorded requests with a version: the verdicts that would flip against the published "
+                       "version, grouped by rule")
 @api_view(["POST"])
 @permission_classes(READ)
 def version_replay(request, name: str, number: int):
@@ -192,7 +194,7 @@ def denials(request):
     return Response(summary)
 
 
-@extend_schema(summary="JSON Schema of the policy document")
+@extend_schema(summary="JSON Schema of the policy document", responses=OpenApiTypes.OBJECT)
 @api_view(["GET"])
 @permission_classes(READ)
 def policy_schema(request):

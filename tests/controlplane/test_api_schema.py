@@ -38,3 +38,9 @@ def test_the_schema_names_both_bearer_credentials_for_swagger_uis_authorize(clie
     assert {"apiKey": []} in whoami["security"]
     run = schema["paths"]["/api/v1/sessions/{session_id}/commands"]["post"]
     assert {"sessionToken": []} in run["security"] and {"apiKey": []} in run["security"]
+
+
+def test_every_policy_endpoint_is_in_the_schema(client, db):
+    schema = json.loads(client.get("/api/schema/", headers={"Accept": "application/vnd.oai.openapi+json"}).content)
+    assert "post" in schema["paths"]["/api/v1/policies/{name}/versions/{number}/replay"]
+    assert "get" in schema["paths"]["/api/v1/policy-schema"]
