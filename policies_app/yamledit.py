@@ -19,15 +19,13 @@ class Unsupported(Exception):
 
 def append_item(source: str, path: tuple[str, ...], item, *, comment: str = "") -> str:
     """`source` with `item` appended to the sequence at `path` (created, with any missing parent
-    mapping, where absent), preceded by `comment` lines (block style only)."""
+    mapping, where absent), after `comment` lines (for a list written in flow style: above the
+    line it is on)."""
     root = _root(source)
     mapping, missing = _deepest_mapping(root, path[:-1])
     if missing or _child(mapping, path[-1]) is None:
-        keys = [*missing, path[-1]] if missing else [path[-1]]
-        value: object = [item]
-        for key in reversed(keys[1:]):
-            value = {key: value}
-        return _add_key(source, mapping, keys[0], value, comment=comment)
+        keys = [*missing, path[-1]]
+        return _add_key(source, mapping, keys[0], _nested(keys[1:], [item]), comment=comment)
     node = _child(mapping, path[-1])
     if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
         return _replace_null(source, mapping, path[-1], node, [item], comment)
@@ -51,13 +49,17 @@ def set_scalar(source: str, path: tuple[str, ...], value) -> str:
     node = None if missing else _child(mapping, path[-1])
     if node is None:
         keys = [*missing, path[-1]]
-        nested: object = value
-        for key in reversed(keys[1:]):
-            nested = {key: nested}
-        return _add_key(source, mapping, keys[0], nested)
+        return _add_key(source, mapping, keys[0], _nested(keys[1:], value))
     if not isinstance(node, yaml.ScalarNode):
         raise Unsupported(f"{'.'.join(path)} is not a single value")
     return source[: node.start_mark.index] + _flow(value) + source[node.end_mark.index:]
+
+
+def _nested(keys: list[str], value):
+    """`value` under `keys`, outermost first: (["a", "b"], 1) is {"a": {"b": 1}}."""
+    for key in reversed(keys):
+        value = {key: value}
+    return value
 
 
 def _root(source: str) -> yaml.MappingNode:
