@@ -62,7 +62,7 @@ def _query(params, *without: str) -> str:
 def _drill_links(params) -> dict[str, str]:
     """For each breakdown: the query string its rows add their value to (the same filters, that
     dimension's own replaced)."""
-    return {dimension: _query(params, field) for dimension, field in metrics.DRILL.items()}
+    return {dimension: _query(params, dimension) for dimension in metrics.DRILL}
 
 
 def _export(query: metrics.DenialQuery, kind: str, tenant_slug: str) -> StreamingHttpResponse:

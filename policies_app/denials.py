@@ -35,9 +35,8 @@ TOP = 10
 SCAN_LIMIT = 200_000
 MAX_RANGE = timedelta(days=366)
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)  # a From or To before it is a typing slip, not a period
-# A breakdown's dimension -> the filter its rows set when clicked.
-DRILL = {"reason": "reason", "rule": "rule", "subject": "subject", "pattern": "pattern",
-         "conversation": "conversation", "session": "session"}
+# The breakdowns whose rows, clicked, filter the page by their value (the filter bears the name).
+DRILL = ("reason", "rule", "subject", "pattern", "conversation", "session")
 
 
 class DenialFilter(forms.Form):
@@ -205,8 +204,8 @@ class DenialQuery:
         reason and version filters: one scan that the totals, the breakdowns and the dormant
         rules (insights) all read."""
         if self.exact:
-            counts = Counter(Keyed(row.effect, row.reason_code, row.version_id, row.rule_id, row.subject,
-                                   row.pattern, 0)[:6] for row in self.scanned)
+            counts = Counter((row.effect, row.reason_code, row.version_id, row.rule_id, row.subject, row.pattern)
+                             for row in self.scanned)
             return [Keyed(*key, n) for key, n in counts.items()]
         rows = (DecisionRollup.objects.filter(tenant=self.tenant, group_kind="", hour__gte=self.start,
                                               hour__lt=self.until)
