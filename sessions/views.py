@@ -21,10 +21,10 @@ from sessions.models import Artifact, SessionState, Snapshot
 from sessions.persistence import services as persistence
 
 STATE_FILTERS = ["active", *SessionState.values]
-# The list's orders: a column's name, or `-name` for the other way (the first is the default).
-SORTS = {"age": "-created_at", "-age": "created_at", "state": "state", "-state": "-state",
-         "conversation": "conversation_id", "-conversation": "-conversation_id", "cpu": "-cpu_s", "-cpu": "cpu_s",
-         "memory": "-memory_bytes", "-memory": "memory_bytes"}
+# The list's orders, by a column's name (`-name`: the other way): the field, and whether it runs
+# from the highest (newest, busiest) down. Sessions without a figure come last either way.
+SORTS = {"age": ("created_at", True), "state": ("state", False), "conversation": ("conversation_id", False),
+         "cpu": ("cpu_s", True), "memory": ("memory_bytes", True)}
 
 
 @tenant_view("read")
@@ -33,10 +33,11 @@ def session_list(request):
     state = request.GET.get("state", "")
     state = state if state in STATE_FILTERS else ""
     sort = request.GET.get("sort", "age")
-    sort = sort if sort in SORTS else "age"
+    sort = sort if sort.lstrip("-") in SORTS else "age"
+    field, descending = SORTS[sort.lstrip("-")]
+    column = F(field).desc(nulls_last=True) if descending != sort.startswith("-") else F(field).asc(nulls_last=True)
     sessions = selectors.session_search(request.tenant, conversation_id=conversation_id, state=state)
-    sessions = sessions.order_by(F(SORTS[sort].lstrip("-")).desc(nulls_last=True) if SORTS[sort].startswith("-")
-                                 else F(SORTS[sort]).asc(nulls_last=True), "-created_at")
+    sessions = sessions.order_by(column, "-created_at")
     page = Paginator(sessions.prefetch_related("commands"), 50).get_page(request.GET.get("page"))
     kept = request.GET.copy()
     kept.pop("page", None)

@@ -156,3 +156,19 @@ def test_a_stale_login_form_is_never_written_back_into_the_page(alice):
     page = refused.content.decode()
     assert refused.status_code == 403 and "hunter2" not in page and 'data-testid="csrf-retry"' not in page
     assert "no-store" in refused["Cache-Control"]
+
+
+def test_the_list_sorts_by_a_column_either_way_and_ignores_an_unknown_order(agent, alice, client_for):
+    first, second = agent.open(conversation_id="b-conv"), agent.open(conversation_id="a-conv")
+    client = client_for(alice)
+
+    def order(query: str) -> list[str]:
+        page = client.get(f"/t/acme/sessions/?{query}")
+        assert page.status_code == 200
+        return [str(session.pk) for session in page.context["page"]]
+
+    assert order("sort=conversation") == [second["id"], first["id"]]
+    assert order("sort=-conversation") == [first["id"], second["id"]]
+    assert order("sort=age") == [second["id"], first["id"]]  # newest first
+    assert order("sort=-age") == [first["id"], second["id"]]
+    assert order("sort=password') OR 1=1") == order("sort=age")  # only the named columns
