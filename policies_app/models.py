@@ -102,6 +102,26 @@ class FloorVersion(models.Model):
         raise PermissionError("floor versions are immutable")
 
 
+class ContainmentScore(models.Model):
+    """A containment eval's scorecard for one version on one driver (sessions/evals/): each
+    probe's pass or fail with its evidence, as it ran."""
+
+    version = models.ForeignKey(PolicyVersion, on_delete=models.CASCADE, related_name="scores")
+    driver = models.CharField(max_length=20)
+    eval_version = models.PositiveIntegerField()  # the derived eval policy's version it ran under
+    airlock_version = models.CharField(max_length=40)
+    created_at = models.DateTimeField(default=timezone.now)
+    seconds = models.FloatField()
+    passed = models.BooleanField()
+    results = models.JSONField()  # [{probe, checks, passed, evidence, seconds}]
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"containment eval of {self.version} on {self.driver}"
+
+
 class PolicyPublication(models.Model):
     """Append-only: each publish, rollback or retire of a policy, in order."""
 

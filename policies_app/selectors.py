@@ -50,3 +50,11 @@ def pinned_message(policy: Policy, published: PolicyVersion) -> str:
     each = ", ".join(f"v{number}: {count}" for number, count in sorted(older.items()))
     return (f"{total} active session{'s are' if total != 1 else ' is'} still on an older version ({each}): a session "
             f"keeps the version it was opened with until it ends; new sessions get v{published.number}.")
+
+
+def latest_scores(version: PolicyVersion) -> list:
+    """The newest containment eval of `version` on each driver it ran on."""
+    latest = {}
+    for score in version.scores.order_by("-created_at")[:50]:
+        latest.setdefault(score.driver, score)
+    return sorted(latest.values(), key=lambda score: score.driver)

@@ -64,9 +64,19 @@ def policy_detail(request, name: str):
     versions = [(version, version.state(published), pinned.get(version.number, 0))
                 for version in policy.versions.select_related("author")]
     history = policy.publications.select_related("version", "actor")[:50]
+    scores = selectors.latest_scores(published) if published else []
     return render(request, "policies_app/policy_detail.html",
                   {"section": "policies", "policy": policy, "published": published, "versions": versions,
+                   "scores": scores, "score_rows": _score_rows(scores),
                    "history": history, "shadow_differences": selectors.shadow_differences(policy)})
+
+
+def _score_rows(scores) -> list[dict]:
+    """The scorecard as probe by driver: each probe's row, its result on each driver (or None)."""
+    by_driver = [{result["probe"]: result for result in score.results} for score in scores]
+    probes = list(dict.fromkeys(result["probe"] for score in scores for result in score.results))
+    return [{"probe": probe, "checks": next(r[probe]["checks"] for r in by_driver if probe in r),
+             "results": [results.get(probe) for results in by_driver]} for probe in probes]
 
 
 @tenant_view("edit_policy")

@@ -81,6 +81,11 @@ class _Running:
     gave_up_at: float = 0.0
 
 
+MASKED_PATHS = ["/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+                "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+                "/sys/devices/virtual/powercap", "/proc/cmdline"]
+
+
 class DockerDriver(Driver):
     supports_pool = True
 
@@ -206,6 +211,9 @@ class DockerDriver(Driver):
                 # The session's egress socket and forwarder, when its policy allows egress.
                 binds={spec.egress_dir: {"bind": EGRESS_MOUNT, "mode": "ro"}} if spec.egress_dir else None,
             )
+            # Docker's own masked paths, and the host's boot options: /proc/cmdline is not the
+            # sandbox's business (the Engine API's HostConfig.MaskedPaths replaces the default list).
+            host_config["MaskedPaths"] = MASKED_PATHS
             # Attached stdin, closed when the runner's end closes (it died, or let go): that ends
             # the supervisor, and the sandbox with it.
             container = api.create_container(

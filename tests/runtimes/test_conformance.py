@@ -270,9 +270,6 @@ def test_host_files_are_unreadable(driver, sandbox, tmp_path):
 
 
 def test_the_hosts_kernel_command_line_is_not_visible(driver, sandbox):
-    if driver.name == "docker":
-        pytest.skip("runc shows the host's /proc/cmdline (Docker masks it only through MaskedPaths, which "
-                    "docker-py cannot set)")
     inside = py(driver, sandbox, "print(repr(open('/proc/cmdline').read()))").stdout.strip()
     host = Path("/proc/cmdline").read_text()
     assert host.strip() and host.strip()[:40] not in inside, inside

@@ -5,9 +5,7 @@ a thread, as the server's loop is to its request threads). Its database work hap
 hence transactional tests. Skipped when bubblewrap cannot work here, except in CI."""
 
 import asyncio
-import contextlib
 import os
-import threading
 
 import pytest
 import pytest_asyncio
@@ -16,6 +14,7 @@ from controlplane.models import ApiKeyScope
 from policies_app import services as policy_services
 from sessions.runner import set_local_runner
 from sessions.runner.core import RunnerService
+from sessions.runner.thread import runner_in_thread
 from sessions.runtimes import get_driver, rootfs
 from sessions.runtimes.base import RuntimeUnavailable
 
@@ -52,23 +51,8 @@ def sandboxes():
         pytest.skip(f"bubblewrap unavailable: {exc}")
 
 
-@contextlib.contextmanager
 def running_runner():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="test-runner-loop", daemon=True)
-    thread.start()
-    instance = RunnerService(embedded=True)
-    try:
-        asyncio.run_coroutine_threadsafe(instance.start(), loop).result(60)
-        set_local_runner(instance)
-        try:
-            yield instance
-        finally:  # a test that failed stops its runner too: its sandboxes and pools go
-            asyncio.run_coroutine_threadsafe(instance.stop("test finished"), loop).result(60)
-    finally:
-        set_local_runner(None)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+    return runner_in_thread("test-runner-loop")
 
 
 @pytest.fixture

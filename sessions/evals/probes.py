@@ -1,0 +1,239 @@
+"""The hostile probes. Each does what an agent's code would try, through the real broker and
+runner, and judges what it got: (passed, evidence). A probe script runs in the sandbox as the
+eval policy's `python3 probe.py` and prints one JSON line as its last; its network attempts go to
+loopback and the host's own addresses only."""
+
+import hashlib
+import json
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.test import Client
+
+from controlplane.redaction import configured_secrets
+from sessions.broker import BrokerError
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    checks: str
+    run: Callable  # (Context) -> (passed, evidence)
+
+
+def _script(body: str) -> str:
+    return "import json, os, sys\n" + body
+
+
+def identity(ctx):
+    session = ctx.open().session
+    report = ctx.reported(ctx.run(session, _script(
+        "status = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)\n"
+        "print(json.dumps({k: status[k].strip() for k in ('Uid', 'Gid', 'CapEff', 'CapBnd', 'NoNewPrivs', "
+        "'Seccomp') if k in status}))\n")))
+    uid, caps = report["Uid"].split()[0], int(report["CapEff"], 16)
+    # gVisor's calls reach its own kernel, whose status reports neither a filter nor no_new_privs.
+    hardened = ctx.driver == "gvisor" or (report.get("Seccomp") == "2" and report.get("NoNewPrivs") == "1")
+    return (uid == "65534" and caps == 0 and hardened,
+            f"uid {uid}, CapEff {report['CapEff']}, NoNewPrivs {report.get('NoNewPrivs')}, "
+            f"Seccomp {report.get('Seccomp', 'n/a')}")
+
+
+def environment(ctx):
+    session = ctx.open().session
+    report = ctx.reported(ctx.run(session, _script(
+        "import hashlib\n"
+        "print(json.dumps({name: hashlib.sha256(value.encode()).hexdigest()\n"
+        "                  for name, value in os.environ.items()}))\n")))
+    secrets = {hashlib.sha256(value.encode()).hexdigest() for value in configured_secrets() if value}
+    leaked = sorted(name for name, digest in report.items() if digest in secrets)
+    named = sorted(name for name in report if any(word in name.upper() for word in
+                                                  ("SECRET", "TOKEN", "PASSWORD", "AIRLOCK", "DATABASE", "REDIS")))
+    return (not leaked and not named,
+            f"{len(report)} variables: {', '.join(sorted(report))}" + (f"; secrets in {leaked}" if leaked else "")
+            + (f"; suspicious names {named}" if named else ""))
+
+
+def host_files(ctx):
+    session = ctx.open().session
+    host = [str(settings.DATA_DIR), str(settings.BASE_DIR), settings.AIRLOCK_ROOTFS_DIR, settings.AIRLOCK_SANDBOX_DIR]
+    cmdline = Path("/proc/cmdline").read_text().strip()
+    report = ctx.reported(ctx.run(session, _script(
+        f"paths = {json.dumps(host)}\n"
+        "try:\n    cmdline = open('/proc/cmdline').read().strip()\nexcept OSError as exc:\n    cmdline = repr(exc)\n"
+        "print(json.dumps({'seen': [p for p in paths if os.path.exists(p)], 'cmdline': cmdline,"
+        " 'pid1': open('/proc/1/cmdline', 'rb').read(80).replace(b'\\0', b' ').decode(errors='replace')}))\n")))
+    passed = not report["seen"] and report["cmdline"] != cmdline
+    return passed, (f"host paths seen: {report['seen'] or 'none'}; /proc/cmdline "
+                    f"{'is the host' if report['cmdline'] == cmdline else 'is not the host'}'s; pid 1: "
+                    f"{report['pid1'][:80]}")
+
+
+def network(ctx):
+    session = ctx.open().session
+    own = sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+                 | {"127.0.0.1"})
+    targets = [[address, settings.AIRLOCK_PORT] for address in own]
+    report = ctx.reported(ctx.run(session, _script(
+        "import socket\nresults = {}\n"
+        f"for host, port in {json.dumps(targets)}:\n"
+        "    try:\n        socket.create_connection((host, port), timeout=1).close()\n"
+        "        results[f'{host}:{port}'] = 'connected'\n"
+        "    except OSError as exc:\n        results[f'{host}:{port}'] = type(exc).__name__\n"
+        "try:\n    results['dns localhost'] = socket.gethostbyname('localhost')\n"
+        "except OSError as exc:\n    results['dns localhost'] = type(exc).__name__\n"
+        "print(json.dumps(results))\n")))
+    reached = [target for target, outcome in report.items() if outcome == "connected"]
+    return not reached, "; ".join(f"{target}: {outcome}" for target, outcome in report.items())
+
+
+def fork_bomb(ctx):
+    session = ctx.open().session
+    pids = ctx.limits["pids"]
+    command = ctx.run(session, _script(
+        "children = 0\n"
+        "for _ in range(5000):\n"
+        "    try:\n        pid = os.fork()\n    except OSError as exc:\n        error = type(exc).__name__; break\n"
+        "    if pid == 0:\n        os.execvp('sleep', ['sleep', '30'])\n"  # small children: the pids limit, not memory
+        "    children += 1\nelse:\n    error = 'none'\n"
+        "print(json.dumps({'children': children, 'error': error}))\n"))
+    report = ctx.reported(command)
+    return (report["children"] < pids and report["error"] != "none",
+            f"{report['children']} processes before {report['error']} (pids limit {pids}); the command ended "
+            f"{command.reason}")
+
+
+def memory_bomb(ctx):
+    session = ctx.open().session
+    limit = ctx.limits["memory_mb"]
+    command = ctx.run(session, _script(
+        f"blocks = []\nfor _ in range({limit + 256}):\n    blocks.append(bytearray(2**20))\n"
+        "print(json.dumps({'allocated_mb': len(blocks)}))\n"))
+    return command.reason == "oom" or (command.exit_code not in (0, None) and "MemoryError" in command.output), (
+        f"{limit + 256} MB asked with memory_mb {limit}: ended {command.reason}, exit {command.exit_code}")
+
+
+def disk_bomb(ctx):
+    session = ctx.open().session
+    limit = ctx.limits["disk_mb"]
+    report = ctx.reported(ctx.run(session, _script(
+        "written, error = 0, 'none'\n"
+        "try:\n    sink = os.open('/workspace/fill', os.O_WRONLY | os.O_CREAT)\n"
+        f"    for _ in range({limit + 64}):\n"
+        "        os.write(sink, b'x' * 2**20); written += 1\n"
+        "except OSError as exc:\n    error = exc.strerror\n"
+        "print(json.dumps({'written_mb': written, 'error': error}))\n")))
+    return report["written_mb"] <= limit and report["error"] != "none", (
+        f"{report['written_mb']} MB written to /workspace (disk_mb {limit}), then: {report['error']}")
+
+
+def timeout(ctx):
+    session = ctx.open().session
+    command = ctx.run(session, "while True:\n    pass\n", timeout_s=2)
+    return command.reason == "timeout", f"a busy loop asked 2 s ended {command.reason} after {command.duration_ms} ms"
+
+
+def orphans(ctx):
+    session = ctx.open().session
+    ctx.run(session, _script(
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        os.execvp('sleep', ['sleep', '600'])\n    os._exit(0)\n"
+        "print(json.dumps({'left': 'sleep 600'}))\n"))
+    report = ctx.reported(ctx.run(session, _script(
+        "me = {os.getpid(), os.getppid()}\nothers = []\n"
+        "for entry in os.listdir('/proc'):\n"
+        "    if entry.isdigit() and int(entry) not in me:\n"
+        "        try:\n            others.append(open(f'/proc/{entry}/cmdline', 'rb').read(200).split(b'\\0'))\n"
+        "        except OSError:\n            pass\n"
+        "print(json.dumps({'others': [b' '.join(o).decode() for o in others if o[0].endswith(b'sleep')]}))\n")))
+    return not report["others"], f"processes left from the previous command: {report['others'] or 'none'}"
+
+
+def between_sessions(ctx):
+    first, second = ctx.open().session, ctx.open().session
+    ctx.run(first, _script("open('/tmp/eval-marker', 'w').write('first')\n"
+                           "open('/workspace/eval-marker', 'w').write('first')\nprint(json.dumps({}))\n"))
+    report = ctx.reported(ctx.run(second, _script(
+        "print(json.dumps({p: os.path.exists(p) for p in ('/tmp/eval-marker', '/workspace/eval-marker')}))\n")))
+    seen = [path for path, exists in report.items() if exists]
+    return not seen, f"another session's /tmp and workspace files seen: {seen or 'none'}"
+
+
+def other_sessions_token(ctx):
+    first, second = ctx.open(), ctx.open()
+    # A real request through Django's handler, as the API's caller sends it.
+    client = Client(headers={"Authorization": f"Bearer {first.token}", "Host": "127.0.0.1"})
+    answers = {
+        "run a command": client.post(f"/api/v1/sessions/{second.session.pk}/commands",
+                                     {"bin": "python3", "args": ["probe.py"]}, content_type="application/json"),
+        "read a file": client.get(f"/api/v1/sessions/{second.session.pk}/files/probe.py"),
+        "end it": client.delete(f"/api/v1/sessions/{second.session.pk}"),
+    }
+    statuses = {what: answer.status_code for what, answer in answers.items()}
+    return all(status in (403, 404) for status in statuses.values()), f"session A's token on B: {statuses}"
+
+
+def denial_explained(ctx):
+    session = ctx.open().session
+    try:
+        ctx.propose(session, "bash", ["-c", "id"])
+    except BrokerError as exc:
+        decision = exc.decision or {}
+        explained = bool(decision.get("reason_code") and decision.get("message") and decision.get("hint"))
+        return explained, (f"{decision.get('reason_code')}: {decision.get('message')} — hint: "
+                           f"{decision.get('hint')}")
+    return False, "`bash -c id` ran: the policy allows a shell"
+
+
+def redaction(ctx):
+    session = ctx.open().session
+    shaped = "AKIA" + "ABCDEFGHIJKLMNOP"  # the shape of a cloud key: half on stdout and half on stderr, then whole
+    command = ctx.run(session, _script(f"import time\nsys.stdout.write('{shaped[:10]}'); sys.stdout.flush()\n"
+                                       f"time.sleep(0.3)\nsys.stderr.write('{shaped[10:]}'); sys.stderr.flush()\n"
+                                       f"time.sleep(0.3)\nprint()\nprint('key={shaped}')\nprint(json.dumps({{}}))\n"))
+    try:
+        ctx.propose(session, "curl", ["-H", f"Authorization: Bearer ghp_{'x' * 36}"])
+    except BrokerError as exc:
+        stored = json.dumps((exc.decision or {}).get("request", {}))
+    else:
+        stored = "the request ran"
+    from policies_app.models import DecisionRecord
+
+    record = DecisionRecord.objects.filter(session_id=session.pk, subject="curl").order_by("-created_at").first()
+    arguments = json.dumps(record.request) if record else stored
+    clean = shaped not in command.output and "[redacted]" in command.output and "ghp_" + "x" * 36 not in arguments
+    return clean, (f"output stored as {command.output.strip()[:60]!r}; the denied request's arguments stored as "
+                   f"{arguments[:120]}")
+
+
+def output_flood(ctx):
+    session = ctx.open().session
+    cap = ctx.limits["output_mb"]
+    command = ctx.run(session, _script(f"chunk = 'y' * 65535 + '\\n'\nfor _ in range({cap * 16 + 64}):\n"
+                                       "    sys.stdout.write(chunk)\n"))
+    tail = len(command.output or "")
+    return command.reason == "output_limit" and tail <= ctx.limits["output_tail_chars"] + 200, (
+        f"{cap * 16 + 64} blocks of 64 KiB written with output_mb {cap}: ended {command.reason}, "
+        f"{tail} characters stored")
+
+
+PROBES = [
+    Probe("identity", "uid 65534, no capabilities, no new privileges, a seccomp filter", identity),
+    Probe("environment", "no configured secret and no credential-named variable in the environment", environment),
+    Probe("host-files", "no host path, the host's kernel command line or its pid 1", host_files),
+    Probe("network", "no connection to loopback or the host's own addresses from the sandbox", network),
+    Probe("fork-bomb", "a fork bomb stops at the pids limit", fork_bomb),
+    Probe("memory-bomb", "memory past the limit ends the command (oom)", memory_bomb),
+    Probe("disk-bomb", "a write past the workspace quota fails", disk_bomb),
+    Probe("timeout", "a command that never ends is stopped at its timeout", timeout),
+    Probe("orphans", "nothing a command started outlives it", orphans),
+    Probe("between-sessions", "one session sees nothing of another's /tmp or workspace", between_sessions),
+    Probe("other-session-token", "a session's token reaches no other session", other_sessions_token),
+    Probe("denial-explained", "a shell is refused with a reason, a message and a hint", denial_explained),
+    Probe("redaction", "a secret split across stdout and stderr, and one in arguments, are stored redacted",
+          redaction),
+    Probe("output-flood", "output past the cap ends the command and stores only its tail", output_flood),
+]
