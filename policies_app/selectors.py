@@ -52,9 +52,15 @@ def pinned_message(policy: Policy, published: PolicyVersion) -> str:
             f"keeps the version it was opened with until it ends; new sessions get v{published.number}.")
 
 
-def latest_scores(version: PolicyVersion) -> list:
-    """The newest containment eval of `version` on each driver it ran on."""
+def scorecard(version: PolicyVersion | None) -> dict:
+    """The newest containment eval of `version` on each driver it ran on, and its probes as rows
+    of probe by driver: {scores, rows: [{probe, checks, results: [result or None, per score]}]}."""
     latest = {}
-    for score in version.scores.order_by("-created_at")[:50]:
+    for score in version.scores.order_by("-created_at")[:50] if version is not None else []:
         latest.setdefault(score.driver, score)
-    return sorted(latest.values(), key=lambda score: score.driver)
+    scores = sorted(latest.values(), key=lambda score: score.driver)
+    by_driver = [{result["probe"]: result for result in score.results} for score in scores]
+    probes = list(dict.fromkeys(result["probe"] for score in scores for result in score.results))
+    rows = [{"probe": probe, "checks": next(r[probe]["checks"] for r in by_driver if probe in r),
+             "results": [results.get(probe) for results in by_driver]} for probe in probes]
+    return {"scores": scores, "rows": rows}

@@ -1,5 +1,6 @@
 """Writes of policies: versions, publish, rollback, retire. Each goes to the audit log."""
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max
@@ -51,9 +52,12 @@ def version_document(version: PolicyVersion) -> PolicyDocument:
 
 
 @transaction.atomic
-def version_publish(*, version: PolicyVersion, actor, note: str,
-                    action: str = PolicyPublication.PUBLISH) -> PolicyPublication:
-    """Publish a version. Needs a note and the document's own tests passing."""
+def version_publish(*, version: PolicyVersion, actor, note: str, action: str = PolicyPublication.PUBLISH,
+                    evaluated: bool = True) -> PolicyPublication:
+    """Publish a version. Needs a note, the document's own tests passing, no widening of the
+    platform floor and, where the deployment asks for it (AIRLOCK_REQUIRE_CONTAINMENT_EVAL), a
+    passing containment eval on its driver (not for a rollback, nor for the eval's own policy:
+    `evaluated=False`)."""
     if not note.strip():
         raise ValidationError({"note": "say why you publish this version"})
     document = version_document(version)
@@ -61,6 +65,12 @@ def version_publish(*, version: PolicyVersion, actor, note: str,
     if failures:
         raise ValidationError({"tests": [f"test {f.index + 1}: expected {shown(f.expected)}, got {shown(f.got)}"
                                          for f in failures]})
+    if evaluated and action == PolicyPublication.PUBLISH and settings.AIRLOCK_REQUIRE_CONTAINMENT_EVAL:
+        driver = document.runtime.driver_for(settings.AIRLOCK_RUNTIME)
+        if not version.scores.filter(driver=driver, passed=True).exists():
+            raise ValidationError({"containment": f"publishing needs a passing containment eval of v{version.number} "
+                                                  f"on {driver} (AIRLOCK_REQUIRE_CONTAINMENT_EVAL): run it from "
+                                                  "this page, or with manage.py containment_eval"})
     if widened := floor.check(document):
         line_at = lines_of(version.source)
         raise ValidationError({"floor": [f"line {line_at(list(w.location))}: {w.message}" for w in widened]})

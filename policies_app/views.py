@@ -64,19 +64,10 @@ def policy_detail(request, name: str):
     versions = [(version, version.state(published), pinned.get(version.number, 0))
                 for version in policy.versions.select_related("author")]
     history = policy.publications.select_related("version", "actor")[:50]
-    scores = selectors.latest_scores(published) if published else []
     return render(request, "policies_app/policy_detail.html",
                   {"section": "policies", "policy": policy, "published": published, "versions": versions,
-                   "scores": scores, "score_rows": _score_rows(scores),
+                   "card": selectors.scorecard(published), "card_version": published,
                    "history": history, "shadow_differences": selectors.shadow_differences(policy)})
-
-
-def _score_rows(scores) -> list[dict]:
-    """The scorecard as probe by driver: each probe's row, its result on each driver (or None)."""
-    by_driver = [{result["probe"]: result for result in score.results} for score in scores]
-    probes = list(dict.fromkeys(result["probe"] for score in scores for result in score.results))
-    return [{"probe": probe, "checks": next(r[probe]["checks"] for r in by_driver if probe in r),
-             "results": [results.get(probe) for results in by_driver]} for probe in probes]
 
 
 @tenant_view("edit_policy")
@@ -184,6 +175,7 @@ def render_version(request, version, *, note_form=None, status: int = 200, with_
     return render(request, "policies_app/version.html", {
         "section": "policies", "policy": policy, "version": version, "published": published,
         "state": version.state(published), "review": result, "note_form": note_form or NoteForm(),
+        "card": selectors.scorecard(version), "card_version": version,
         "source_lines": version.source.splitlines(),
     }, status=status)
 

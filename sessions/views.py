@@ -13,9 +13,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane.decorators import tenant_view
+from policies_app import selectors as policy_selectors
 from policies_app.denials import PERIODS
 from policies_app.rollups import by_hour
-from sessions import lifecycle, selectors
+from sessions import lifecycle, selectors, services
+from sessions.evals import background
 from sessions.metrics import tenant_metrics, warm_pools
 from sessions.models import Artifact, SessionState, Snapshot
 from sessions.persistence import services as persistence
@@ -58,6 +60,20 @@ def session_detail(request, session_id):
     })
     response.terminal_styles = True  # xterm.js colours truecolour cells by attribute (controlplane/security.py)
     return response
+
+
+@require_POST
+@tenant_view("publish_policy")
+def version_eval(request, name: str, number: int):
+    """Run the containment eval (sessions/evals/) on this version, on the driver its sessions run on."""
+    version = policy_selectors.version_get(request.tenant, name, number)
+    driver = services.driver_of(version)[0]
+    if background.start(tenant=request.tenant, version=version, driver=driver):
+        messages.info(request, f"The containment eval of v{version.number} on {driver} is running (about 10 to 30 "
+                      "seconds): reload this page to see its scorecard.")
+    else:
+        messages.info(request, f"An eval of v{version.number} on {driver} is already running.")
+    return redirect("policy-version", request.tenant.slug, name, number)
 
 
 @tenant_view("read")

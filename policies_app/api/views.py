@@ -49,6 +49,10 @@ def _version_body(version) -> dict:
     published = version.policy.published_version()
     body = s.VersionSerializer(version, context={"published": published}).data
     body["lint"] = [asdict(warning) for warning in lint(services.version_document(version))]
+    body["containment"] = [  # its newest containment eval on each driver (sessions/evals/)
+        {"driver": score.driver, "passed": score.passed, "created_at": score.created_at.isoformat(),
+         "airlock_version": score.airlock_version, "eval_version": score.eval_version, "seconds": score.seconds,
+         "results": score.results} for score in selectors.scorecard(version)["scores"]]
     return body
 
 

@@ -89,7 +89,7 @@ def eval_version(tenant: Tenant, version: PolicyVersion, driver: str) -> PolicyV
               + yaml.safe_dump(document, sort_keys=False))
     made = policies.version_create(policy=policy, source=source, actor=None,
                                    note=f"containment eval of {version.policy.name} v{version.number} on {driver}")
-    policies.version_publish(version=made, actor=None, note="containment eval")
+    policies.version_publish(version=made, actor=None, note="containment eval", evaluated=False)
     return made
 
 

@@ -13,7 +13,7 @@ from sessions.evals.suite import run_suite
 
 
 def test_every_probe_passes_on_bubblewrap_and_the_scorecard_is_stored_and_shown(acme, acme_policy, runner, alice,
-                                                                                client_for):
+                                                                                client_for, make_key, api):
     card = run_suite(tenant=acme, version=acme_policy, driver="bubblewrap")
     failed = [(result.probe, result.evidence) for result in card.results if not result.passed]
     assert failed == [] and len(card.results) == len(PROBES)
@@ -23,6 +23,9 @@ def test_every_probe_passes_on_bubblewrap_and_the_scorecard_is_stored_and_shown(
     page = client_for(alice).get("/t/acme/policies/default/").content.decode()
     section = page.split('data-testid="containment-scores"')[1].split("</section>")[0]
     assert "bubblewrap" in section and section.count(">pass<") == len(PROBES) and ">fail<" not in section
+    reader = api(make_key(acme, scopes=["policies:read"]).key)  # and as JSON, through the API
+    [exported] = reader.get(f"/api/v1/policies/default/versions/{acme_policy.number}").json()["containment"]
+    assert exported["driver"] == "bubblewrap" and exported["passed"] and len(exported["results"]) == len(PROBES)
     derived = acme.policies.get(name="containment-eval").published_version()
     assert derived.number == card.eval_version and "python3 probe.py" in derived.source  # shown, like any policy
 
@@ -52,3 +55,27 @@ def test_the_command_prints_json_and_exits_1_when_a_probe_fails(acme, acme_polic
     assert failed.value.returncode == 1
     with pytest.raises(CommandError, match="no published policy"):
         call_command("containment_eval", "--tenant", "acme", "--policy", "nothing")
+
+
+def test_the_button_runs_the_eval_and_a_deployment_may_require_a_pass_before_publishing(
+        acme, acme_policy, runner, alice, bob, client_for, settings):
+    import time
+
+    from policies_app import services
+
+    settings.AIRLOCK_REQUIRE_CONTAINMENT_EVAL = True
+    draft = services.version_create(policy=acme_policy.policy, source=acme_policy.source, actor=None)
+    refused = client_for(alice).post(f"/t/acme/policies/default/v/{draft.number}/publish", {"note": "go"})
+    assert refused.status_code == 400 and "needs a passing containment eval" in refused.content.decode()
+    assert client_for(bob).post(f"/t/acme/policies/default/v/{draft.number}/eval").status_code == 403
+    started = client_for(alice).post(f"/t/acme/policies/default/v/{draft.number}/eval")
+    assert started.status_code == 302
+    deadline = time.monotonic() + 120
+    while not ContainmentScore.objects.filter(version=draft).exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    score = ContainmentScore.objects.get(version=draft)
+    assert score.passed, [(r["probe"], r["evidence"]) for r in score.results if not r["passed"]]
+    page = client_for(alice).get(f"/t/acme/policies/default/v/{draft.number}/").content.decode()
+    assert 'data-testid="containment-scores"' in page and page.count(">pass<") >= len(PROBES)
+    published = client_for(alice).post(f"/t/acme/policies/default/v/{draft.number}/publish", {"note": "go"})
+    assert published.status_code == 302 and acme_policy.policy.published_version() == draft
