@@ -14,7 +14,11 @@ from django.conf import settings
 from django.test import Client
 
 from controlplane.redaction import configured_secrets
+from sessions import broker, lifecycle
 from sessions.broker import BrokerError
+from sessions.models import SessionState
+from sessions.runtimes import get_driver
+from sessions.runtimes.base import INODES_PER_MB
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,73 @@ def disk_bomb(ctx):
         f"{report['written_mb']} MB written to /workspace (disk_mb {limit}), then: {report['error']}")
 
 
+def inode_bomb(ctx):
+    session = ctx.open().session
+    limit = ctx.limits["disk_mb"] * INODES_PER_MB
+    command = ctx.run(session, _script(
+        "import time\nos.mkdir('/workspace/many')\ncreated, error, began = 0, 'none', time.monotonic()\n"
+        f"while created < {limit * 2} and time.monotonic() - began < 8:\n"
+        "    try:\n        os.close(os.open(f'/workspace/many/{created}', os.O_CREAT | os.O_WRONLY))\n"
+        "    except OSError as exc:\n        error = exc.strerror; break\n"
+        "    created += 1\n"
+        "print(json.dumps({'created': created, 'error': error}))\n"))
+    if command.reason in ("oom", "timeout"):  # stopped by the sandbox's memory limit or its deadline
+        return True, f"empty files until the command ended {command.reason}"
+    report = ctx.reported(command)
+    # gVisor keeps a tmpfs in its own kernel's memory, which the sandbox's memory limit bounds.
+    bounded = report["error"] != "none" or ctx.driver == "gvisor"
+    return bounded and (report["created"] <= limit or ctx.driver == "gvisor"), (
+        f"{report['created']} empty files in /workspace, then: {report['error']} (at most {limit}: "
+        f"{INODES_PER_MB} per MB of disk_mb)")
+
+
+def failed_write(ctx):
+    session = ctx.open().session
+    broker.file_operation(session=session, op="put", path="kept.txt", data=b"as it was")
+    ctx.run(session, _script(  # the workspace filled to its quota by the command, kept.txt kept
+        "try:\n    with open('/workspace/fill', 'wb') as sink:\n        while True:\n"
+        "            sink.write(b'x' * 2**20); sink.flush()\nexcept OSError:\n    pass\n"
+        "print(json.dumps({}))\n"))
+    try:
+        broker.file_operation(session=session, op="put", path="kept.txt", data=b"y" * 2**20)
+        outcome = "written"
+    except BrokerError as exc:
+        outcome = f"{exc.code} ({exc.status})"
+    kept = broker.file_operation(session=session, op="get", path="kept.txt")
+    return outcome != "written" and kept == b"as it was", (
+        f"a 1 MB write into a full workspace: {outcome}; the old file reads {bytes(kept)[:20]!r}")
+
+
+def egress_guards(ctx):
+    session = ctx.open().session
+    own = sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)})
+    targets = ["localhost:8000", "127.0.0.1:443", f"127.0.0.1:{settings.AIRLOCK_PORT}",
+               *(f"{address}:{settings.AIRLOCK_PORT}" for address in own)]
+    report = ctx.reported(ctx.run(session, _script(
+        "import socket\nproxy = os.environ.get('https_proxy', '')\nresults = {}\n"
+        "if proxy:\n    host, port = proxy.rsplit('/', 1)[-1].rsplit(':', 1)\n"
+        f"    for target in {json.dumps(targets)}:\n"
+        "        try:\n            with socket.create_connection((host, int(port)), timeout=5) as conn:\n"
+        "                conn.sendall(f'CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n'.encode())\n"
+        "                results[target] = conn.recv(300).split(b'\\r\\n')[0].decode(errors='replace')\n"
+        "        except OSError as exc:\n            results[target] = type(exc).__name__\n"
+        "print(json.dumps({'proxy': bool(proxy), 'results': results}))\n")))
+    if not report["proxy"]:
+        return True, "the policy allows no egress: the sandbox has no proxy (and no network, see the network probe)"
+    refused = {target: status for target, status in report["results"].items() if " 403 " in status}
+    return len(refused) == len(report["results"]), "; ".join(f"{t}: {s}" for t, s in report["results"].items())
+
+
+def session_orphans(ctx):
+    session = ctx.open().session
+    ctx.run(session, _script(
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        os.execvp('sleep', ['sleep', '600'])\n    os._exit(0)\nprint(json.dumps({}))\n"))
+    lifecycle.session_stop(session=session, state=SessionState.ENDED, actor=None, reason="containment eval")
+    left = str(session.pk) in get_driver(ctx.driver).list_sandboxes()
+    return not left, f"after the session ended, its sandbox {'is still there' if left else 'is gone'}"
+
+
 def timeout(ctx):
     session = ctx.open().session
     command = ctx.run(session, "while True:\n    pass\n", timeout_s=2)
@@ -225,15 +296,20 @@ PROBES = [
     Probe("environment", "no configured secret and no credential-named variable in the environment", environment),
     Probe("host-files", "no host path, the host's kernel command line or its pid 1", host_files),
     Probe("network", "no connection to loopback or the host's own addresses from the sandbox", network),
+    Probe("egress-guards", "the egress proxy refuses a name off the allowlist, an IP literal and the control "
+          "plane", egress_guards),
     Probe("fork-bomb", "a fork bomb stops at the pids limit", fork_bomb),
     Probe("memory-bomb", "memory past the limit ends the command (oom)", memory_bomb),
     Probe("disk-bomb", "a write past the workspace quota fails", disk_bomb),
+    Probe("inode-bomb", "empty files stop at the workspace's inode limit", inode_bomb),
     Probe("timeout", "a command that never ends is stopped at its timeout", timeout),
     Probe("orphans", "nothing a command started outlives it", orphans),
+    Probe("session-orphans", "nothing of a session outlives its end: its sandbox is destroyed", session_orphans),
     Probe("between-sessions", "one session sees nothing of another's /tmp or workspace", between_sessions),
     Probe("other-session-token", "a session's token reaches no other session", other_sessions_token),
     Probe("denial-explained", "a shell is refused with a reason, a message and a hint", denial_explained),
     Probe("redaction", "a secret split across stdout and stderr, and one in arguments, are stored redacted",
           redaction),
+    Probe("failed-write", "a write the workspace cannot hold fails and leaves the old file as it was", failed_write),
     Probe("output-flood", "output past the cap ends the command and stores only its tail", output_flood),
 ]

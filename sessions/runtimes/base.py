@@ -107,6 +107,9 @@ def sandbox_env(spec: "SandboxSpec", exec_env: Mapping[str, str] | None) -> dict
 
 
 _PROXY = f"http://127.0.0.1:{EGRESS_PORT}"
+# Files a workspace may hold, per MB of its size: its inodes live in the host kernel's memory, so
+# a workspace of empty files must stop as one of data does (a node_modules tree: ~10-100k files).
+INODES_PER_MB = 1024
 # curl, wget, pip (requests), git (libcurl), Python's urllib and most HTTP clients read these;
 # npm reads its npm_config_ forms. The sandbox's own loopback stays direct.
 PROXY_ENV = {

@@ -32,6 +32,7 @@ from django.conf import settings
 from sessions.runtimes import deadlines, rootfs, seccomp
 from sessions.runtimes.base import (
     EGRESS_MOUNT,
+    INODES_PER_MB,
     WORKSPACE,
     Chunk,
     Driver,
@@ -158,7 +159,8 @@ class BubblewrapDriver(Driver):
             workspace.mkdir(mode=0o700)
             quota = self.as_root
             if quota:
-                mount_tmpfs(workspace, size_bytes=spec.limits.disk_mb * 2**20, uid=NOBODY, gid=NOBODY)
+                mount_tmpfs(workspace, size_bytes=spec.limits.disk_mb * 2**20, uid=NOBODY, gid=NOBODY,
+                            inodes=spec.limits.disk_mb * INODES_PER_MB)
             if self.cgroups.available:
                 self.cgroups.create(spec.session_id, tenant=spec.tenant, memory_mb=spec.limits.memory_mb,
                                     pids=spec.limits.pids, cpus=spec.limits.cpus)

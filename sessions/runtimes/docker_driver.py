@@ -35,6 +35,7 @@ from requests.exceptions import RequestException
 from sessions.runtimes import deadlines, rootfs, seccomp
 from sessions.runtimes.base import (
     EGRESS_MOUNT,
+    INODES_PER_MB,
     WORKSPACE,
     Chunk,
     Driver,
@@ -186,6 +187,8 @@ class DockerDriver(Driver):
     def _make(self, spec: SandboxSpec, *, name: str, labels: dict) -> Sandbox:
         limits = spec.limits
         tmpfs_options = "uid=65534,gid=65534,nosuid,nodev,exec"
+        # gVisor's tmpfs lives in its own kernel's memory, which the sandbox's memory limit bounds.
+        workspace_inodes = "" if self.isolation == "gvisor" else f",nr_inodes={limits.disk_mb * INODES_PER_MB}"
         pids_options = {"pids_limit": limits.pids}
         if self.isolation == "gvisor":
             # The host's pids cgroup counts the gVisor kernel's own threads (measured here: ~7
@@ -203,7 +206,7 @@ class DockerDriver(Driver):
                 security_opt=self._security_options(), ipc_mode="none",
                 **pids_options, mem_limit=limits.memory_mb * 2**20, memswap_limit=limits.memory_mb * 2**20,
                 nano_cpus=int(limits.cpus * 1e9),
-                tmpfs={WORKSPACE: f"size={limits.disk_mb}m,mode=0700,{tmpfs_options}",
+                tmpfs={WORKSPACE: f"size={limits.disk_mb}m,mode=0700,{tmpfs_options}{workspace_inodes}",
                        "/tmp": f"size={limits.tmp_mb}m,mode=0700,{tmpfs_options}",  # noqa: S108
                        "/dev/mqueue": "ro,size=4k,mode=0555"},
                 runtime=self.gvisor_runtime if self.isolation == "gvisor" else None,

@@ -11,8 +11,10 @@ MNT_DETACH = 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
-def mount_tmpfs(target: Path, *, size_bytes: int, uid: int, gid: int, mode: int = 0o700) -> None:
-    options = f"size={size_bytes},mode={mode:o},uid={uid},gid={gid}".encode()
+def mount_tmpfs(target: Path, *, size_bytes: int, uid: int, gid: int, mode: int = 0o700,
+                inodes: int | None = None) -> None:
+    options = (f"size={size_bytes},mode={mode:o},uid={uid},gid={gid}"
+               + (f",nr_inodes={inodes}" if inodes else "")).encode()
     if _libc.mount(b"airlock", str(target).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
         error = ctypes.get_errno()
         raise OSError(error, f"mount tmpfs on {target}: {os.strerror(error)}")

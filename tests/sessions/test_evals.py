@@ -35,7 +35,7 @@ def test_a_workspace_without_its_quota_makes_the_disk_probe_fail(acme, acme_poli
 
     real = bubblewrap.mount_tmpfs
     monkeypatch.setattr(bubblewrap, "mount_tmpfs",
-                        lambda path, *, size_bytes, uid, gid: real(path, size_bytes=size_bytes * 4, uid=uid, gid=gid))
+                        lambda path, *, size_bytes, **options: real(path, size_bytes=size_bytes * 4, **options))
     card = run_suite(tenant=acme, version=acme_policy, driver="bubblewrap", only=["disk-bomb", "identity"])
     results = {result.probe: result for result in card.results}
     assert not results["disk-bomb"].passed and "written to /workspace" in results["disk-bomb"].evidence
