@@ -94,11 +94,20 @@ class Opened:
     token: str  # shown once
 
 
+# The containment eval's own policy (sessions/evals/suite.py): wider than the version it derives
+# from (it runs the eval's probe scripts), so only the eval opens sessions of it.
+EVAL_POLICY = "containment-eval"
+
+
 def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repository: str,
-                 actor_label: str, persist: bool = False, resume: str = "") -> Opened:
+                 actor_label: str, persist: bool = False, resume: str = "", for_eval: bool = False) -> Opened:
     """A session of the policy's published version, on a live runner, with its sandbox ready.
     `persist`: snapshot its workspace when it ends; `resume`: start from a snapshot of this
-    conversation ("latest" or its id), checked in full first (sessions/persistence/services.py)."""
+    conversation ("latest" or its id), checked in full first (sessions/persistence/services.py).
+    The containment eval's policy opens for the eval alone (`for_eval`)."""
+    if (policy_name == EVAL_POLICY) != for_eval:
+        raise LifecycleError("policy_reserved", f"policy {EVAL_POLICY!r} is the containment eval's own: only the "
+                             "eval opens sessions of it", 403)
     policy = Policy.objects.filter(tenant=tenant, name=policy_name).first()
     version = policy.published_version() if policy else None
     if version is None:

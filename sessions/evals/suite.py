@@ -20,9 +20,9 @@ from policies_app import services as policies
 from policies_app.document import PolicyDocument
 from policies_app.models import ContainmentScore, Policy, PolicyVersion
 from sessions import broker, lifecycle
+from sessions.lifecycle import EVAL_POLICY
 from sessions.models import SessionState
 
-EVAL_POLICY = "containment-eval"
 PROBE_FILE = "probe.py"
 EVAL_LIMITS = {"command_timeout_s": 10, "output_mb": 1}  # at most these: the slow probes end fast
 
@@ -104,7 +104,8 @@ class Context:
 
     def open(self):
         opened = lifecycle.session_open(tenant=self.tenant, conversation_id=f"containment-eval-{self.driver}",
-                                        policy_name=EVAL_POLICY, repository="", actor_label="containment-eval")
+                                        policy_name=EVAL_POLICY, repository="", actor_label="containment-eval",
+                                        for_eval=True)
         self.opened.append(opened.session)
         return opened
 

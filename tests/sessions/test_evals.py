@@ -79,3 +79,10 @@ def test_the_button_runs_the_eval_and_a_deployment_may_require_a_pass_before_pub
     assert 'data-testid="containment-scores"' in page and page.count(">pass<") >= len(PROBES)
     published = client_for(alice).post(f"/t/acme/policies/default/v/{draft.number}/publish", {"note": "go"})
     assert published.status_code == 302 and acme_policy.policy.published_version() == draft
+
+
+def test_no_agent_opens_a_session_of_the_evals_own_wider_policy(acme, acme_policy, runner, agent):
+    run_suite(tenant=acme, version=acme_policy, driver="bubblewrap", only=["identity"])  # it now exists
+    response = agent.client.post("/api/v1/sessions", {"conversation_id": "c", "policy": "containment-eval"},
+                                 content_type="application/json")
+    assert response.status_code == 403 and response.json()["error"] == "policy_reserved"
