@@ -174,7 +174,7 @@ def failed_write(ctx):
 def egress_guards(ctx):
     session = ctx.open().session
     own = sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)})
-    targets = ["localhost:8000", "127.0.0.1:443", f"127.0.0.1:{settings.AIRLOCK_PORT}",
+    targets = [f"localhost:{settings.AIRLOCK_PORT}", "127.0.0.1:443", f"127.0.0.1:{settings.AIRLOCK_PORT}",
                *(f"{address}:{settings.AIRLOCK_PORT}" for address in own)]
     report = ctx.reported(ctx.run(session, _script(
         "import socket\nproxy = os.environ.get('https_proxy', '')\nresults = {}\n"

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
+import yaml
 from django.utils import timezone
 
 from controlplane.models import Tenant
@@ -75,8 +76,6 @@ def eval_document(version: PolicyVersion, driver: str) -> dict:
 
 def eval_version(tenant: Tenant, version: PolicyVersion, driver: str) -> PolicyVersion:
     """The eval policy's published version for this version and driver (made when it differs)."""
-    import yaml
-
     document = eval_document(version, driver)
     policy = Policy.objects.filter(tenant=tenant, name=EVAL_POLICY).first() or policies.policy_create(
         tenant=tenant, name=EVAL_POLICY, actor=None)
