@@ -105,7 +105,6 @@ class DenialFilter(forms.Form):
 
 
 class Scanned(NamedTuple):
-    id: object
     created_at: datetime
     effect: str
     reason_code: str
@@ -177,15 +176,15 @@ class DenialQuery:
     def scanned(self) -> list["Scanned"]:
         """The exact query's decisions of every effect, newest first, one row each (at most SCAN_LIMIT)."""
         rows = (self.records(any_effect=True).order_by("-created_at")
-                .values_list("id", "created_at", "effect", "reason_code", "policy_version_id", "rule_id", "subject",
+                .values_list("created_at", "effect", "reason_code", "policy_version_id", "rule_id", "subject",
                              "kind", "request", "conversation_id", "session_id")[:SCAN_LIMIT])
         scanned = []
-        for (pk, created, effect, reason, version, rule, subject, kind, request, conversation,
+        for (created, effect, reason, version, rule, subject, kind, request, conversation,
              session) in rows.iterator(chunk_size=2000):
             pattern = argument_pattern(request)[:255] if kind == "exec" else ""
             if self.pattern and pattern != self.pattern:
                 continue
-            scanned.append(Scanned(pk, created, effect, reason or "", version or 0, rule or "", subject or "",
+            scanned.append(Scanned(created, effect, reason or "", version or 0, rule or "", subject or "",
                                    pattern, conversation or "", str(session or "")))
         return scanned
 

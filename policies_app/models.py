@@ -11,10 +11,27 @@ from django.utils import timezone
 
 class ImmutableQuerySet(models.QuerySet):
     def update(self, **kwargs):
-        raise PermissionError("policy versions are immutable")
+        raise PermissionError(f"{self.model._meta.verbose_name_plural} are immutable")
 
     def delete(self):
-        raise PermissionError("policy versions are immutable")
+        raise PermissionError(f"{self.model._meta.verbose_name_plural} are immutable")
+
+
+class Immutable(models.Model):
+    """Written once: the ORM refuses an update or a delete (and a database trigger an UPDATE)."""
+
+    objects = ImmutableQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise PermissionError(f"{self._meta.verbose_name_plural} are immutable")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError(f"{self._meta.verbose_name_plural} are immutable")
 
 
 class Policy(models.Model):
@@ -37,7 +54,7 @@ class Policy(models.Model):
         return last.version if last is not None and last.action != PolicyPublication.RETIRE else None
 
 
-class PolicyVersion(models.Model):
+class PolicyVersion(Immutable):
     policy = models.ForeignKey(Policy, on_delete=models.PROTECT, related_name="versions")
     number = models.PositiveIntegerField()
     document = models.JSONField()  # the canonical document
@@ -49,8 +66,6 @@ class PolicyVersion(models.Model):
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     note = models.TextField(blank=True)
 
-    objects = ImmutableQuerySet.as_manager()
-
     class Meta:
         constraints = [models.UniqueConstraint(fields=["policy", "number"], name="one_version_number_per_policy")]
         ordering = ["-number"]
@@ -58,21 +73,13 @@ class PolicyVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.policy.name} v{self.number}"
 
-    def save(self, *args, **kwargs):
-        if not self._state.adding:
-            raise PermissionError("policy versions are immutable")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise PermissionError("policy versions are immutable")
-
     def state(self, published: "PolicyVersion | None") -> str:
         if published is not None and published.pk == self.pk:
             return "published"
         return "retired" if self.publications.exists() else "draft"
 
 
-class FloorVersion(models.Model):
+class FloorVersion(Immutable):
     """The platform floor (policies_app/floor.py): a deployment-wide policy document that every
     tenant's policy may only narrow. Versions only grow; the newest is in force."""
 
@@ -85,21 +92,11 @@ class FloorVersion(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     note = models.TextField(blank=True)
 
-    objects = ImmutableQuerySet.as_manager()
-
     class Meta:
         ordering = ["-number"]
 
     def __str__(self) -> str:
         return f"platform floor v{self.number}"
-
-    def save(self, *args, **kwargs):
-        if not self._state.adding:
-            raise PermissionError("floor versions are immutable")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise PermissionError("floor versions are immutable")
 
 
 class ContainmentScore(models.Model):

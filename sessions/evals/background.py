@@ -34,8 +34,3 @@ def start(*, tenant, version, driver: str) -> bool:
     threading.Thread(target=work, name=f"containment-eval-{version.pk}-{driver}", daemon=True).start()
     return True
 
-
-def running(version) -> list[str]:
-    """The drivers an eval of `version` runs on now."""
-    with _lock:
-        return sorted(driver for pk, driver in _running if pk == version.pk)
