@@ -48,6 +48,21 @@ def django_db_setup(django_db_setup, django_db_blocker):
     SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=10)
 
 
+@pytest.fixture(scope="session")
+def built_rootfs():
+    """The sandbox root filesystem, built on first use when missing (as `make run` does), or the
+    reason it cannot be built here."""
+    from sessions.runtimes import rootfs
+    from sessions.runtimes.base import RuntimeUnavailable
+
+    if rootfs.current() is None:
+        try:
+            rootfs.build(progress=lambda message: None)
+        except RuntimeUnavailable as exc:
+            return exc
+    return rootfs.current()
+
+
 @pytest.fixture
 def acme(db):
     return services.tenant_create(slug="acme", name="Acme Corp")

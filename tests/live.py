@@ -90,7 +90,7 @@ def upstreams(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_server(tmp_path_factory, upstreams):
+def demo_server(tmp_path_factory, upstreams, built_rootfs):  # its sessions need the tree
     data_dir = tmp_path_factory.mktemp("airlock-data")
     port = _free_port()
     hosts = {**upstreams.test_hosts(), "files.test": ("127.0.0.1", upstreams.port(upstreams.http))}

@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import pytest
 
-from sessions.runtimes import get_driver, rootfs
+from sessions.runtimes import get_driver
 from sessions.runtimes.base import Driver, Limits, RuntimeUnavailable, SandboxSpec
 
 DRIVERS = ["bubblewrap", "docker", "gvisor"]
@@ -39,16 +39,6 @@ def checked_driver(name: str, built_rootfs) -> Driver:
     except RuntimeUnavailable as exc:
         unavailable(name, exc)
     return instance
-
-
-@pytest.fixture(scope="session")
-def built_rootfs():
-    if rootfs.current() is None:
-        try:
-            rootfs.build(progress=lambda message: None)
-        except RuntimeUnavailable as exc:
-            return exc
-    return rootfs.current()
 
 
 @pytest.fixture(params=DRIVERS, scope="session")

@@ -15,7 +15,7 @@ from policies_app import services as policy_services
 from sessions.runner import set_local_runner
 from sessions.runner.core import RunnerService
 from sessions.runner.thread import runner_in_thread
-from sessions.runtimes import get_driver, rootfs
+from sessions.runtimes import get_driver
 from sessions.runtimes.base import RuntimeUnavailable
 
 POLICY = """
@@ -39,11 +39,11 @@ env: {set: {GREETING: hello}}
 
 
 @pytest.fixture(scope="session")
-def sandboxes():
-    """bubblewrap, ready (the root filesystem is built on first use)."""
+def sandboxes(built_rootfs):
+    """bubblewrap, ready."""
     try:
-        if rootfs.current() is None:
-            rootfs.build(progress=lambda message: None)
+        if isinstance(built_rootfs, RuntimeUnavailable):
+            raise built_rootfs
         get_driver("bubblewrap").check()
     except RuntimeUnavailable as exc:
         if os.environ.get("CI") == "true":
