@@ -19,21 +19,28 @@ document.addEventListener("DOMContentLoaded", () => {
   window.Airlock = window.Airlock || {};
   Airlock.editorMarks = [];
 
-  let inFlight = null;
+  // A check as one types and a replay asked for by the button run side by side: neither aborts the
+  // other (a lint firing just after the click must not drop the replay), and the panel shows the
+  // replay until the document changes.
+  const pending = { lint: null, replay: null };
+  let replayed = null;  // the source whose replay the panel shows
   const check = async (source, { replay = false } = {}) => {
-    inFlight?.abort();
-    inFlight = new AbortController();
+    const kind = replay ? "replay" : "lint";
+    pending[kind]?.abort();
+    const controller = pending[kind] = new AbortController();
     const body = new FormData();
     body.append("csrfmiddlewaretoken", csrf);
     body.append("source", source);
     if (replay) body.append("replay", "1");
-    status.textContent = "checking…";
+    status.textContent = replay ? "replaying…" : "checking…";
     try {
-      const response = await fetch(form.dataset.checkUrl, { method: "POST", body, signal: inFlight.signal,
+      const response = await fetch(form.dataset.checkUrl, { method: "POST", body, signal: controller.signal,
         headers: { "X-CSRFToken": csrf }, credentials: "same-origin" });
       if (!response.ok) throw new Error(`the server answered ${response.status}`);
       const result = await response.json();
-      panel.innerHTML = result.panel;  // rendered by the server's template: escaped there
+      if (source !== view.state.doc.toString()) return result.marks;  // typed over while it ran: stale
+      if (replay) replayed = source;
+      if (replay || source !== replayed) panel.innerHTML = result.panel;  // rendered by the server's template: escaped there
       Airlock.editorMarks = result.marks;
       const errors = result.marks.filter((mark) => mark.severity === "error").length;
       status.textContent = errors ? `${errors} problem${errors === 1 ? "" : "s"}` : "checked: valid";

@@ -3,6 +3,7 @@ from the policy's schema, marks at their lines as one types (no reload), the dif
 request judged by the draft, a replay flip, publish (N+1) and rollback (N+2 with the old document)."""
 
 import re
+import time
 
 import pytest
 
@@ -76,14 +77,37 @@ def test_a_schema_error_is_marked_at_its_line_as_one_types_without_a_reload(page
     assert page.evaluate("window.__sameDocument") is True
 
 
+def with_make_rule(source: str) -> str:
+    lines = source.splitlines()
+    at = lines.index("commands:")
+    return "\n".join([*lines[: at + 1], *MAKE_RULE.rstrip("\n").split("\n"), *lines[at + 1:]]) + "\n"
+
+
+def test_a_replay_asked_for_right_after_typing_survives_the_check_that_typing_starts(page, demo_server):
+    open_editor(page, demo_server)
+    checks = []
+    page.on("requestfinished", lambda request: checks.append(request) if request.url.endswith("/check") else None)
+
+    def slow_replay(route):
+        if 'name="replay"' in (route.request.post_data or ""):
+            time.sleep(1.5)  # the check of the edit (400 ms after it) starts while the replay runs
+        route.continue_()
+
+    page.route("**/check", slow_replay)
+    set_document(page, with_make_rule(document(page)))
+    page.get_by_role("button", name="Check and replay").click()
+    page.wait_for_function("() => document.querySelector('[data-testid=policy-replay]') !== null")
+    page.wait_for_timeout(600)
+    assert len(checks) == 2  # the replay and the check of the same document, both answered
+    replay = page.get_by_test_id("policy-replay")
+    assert "deny → allow" in replay.inner_text()  # the later check did not draw over it
+
+
 def test_a_security_admin_edits_replays_publishes_and_rolls_back(page, demo_server):
     open_editor(page, demo_server)
     original = document(page)
     assert original.startswith("# The demo tenant's policy")
-    lines = original.splitlines()
-    commands_at = lines.index("commands:")
-    fixed = "\n".join([*lines[: commands_at + 1], *MAKE_RULE.rstrip("\n").split("\n"), *lines[commands_at + 1:]])
-    set_document(page, fixed + "\n")
+    set_document(page, with_make_rule(original))
 
     page.get_by_label("Program").fill("make")
     page.get_by_label("Arguments").fill("test")
