@@ -53,11 +53,14 @@ def version_document(version: PolicyVersion) -> PolicyDocument:
 
 @transaction.atomic
 def version_publish(*, version: PolicyVersion, actor, note: str, action: str = PolicyPublication.PUBLISH,
-                    evaluated: bool = True) -> PolicyPublication:
+                    eval_of: PolicyVersion | None = None) -> PolicyPublication:
     """Publish a version. Needs a note, the document's own tests passing, no widening of the
     platform floor and, where the deployment asks for it (AIRLOCK_REQUIRE_CONTAINMENT_EVAL), a
-    passing containment eval on its driver (not for a rollback, nor for the eval's own policy:
-    `evaluated=False`)."""
+    passing containment eval on its driver (not for a rollback).
+
+    `eval_of`: `version` is the containment eval's own policy, derived from `eval_of` and wider by
+    design (it runs the probes, and names what the egress guards must refuse); no agent opens it.
+    It needs no eval, and the floor is checked on `eval_of`, whose sessions it stands for."""
     if not note.strip():
         raise ValidationError({"note": "say why you publish this version"})
     document = version_document(version)
@@ -65,14 +68,15 @@ def version_publish(*, version: PolicyVersion, actor, note: str, action: str = P
     if failures:
         raise ValidationError({"tests": [f"test {f.index + 1}: expected {shown(f.expected)}, got {shown(f.got)}"
                                          for f in failures]})
-    if evaluated and action == PolicyPublication.PUBLISH and settings.AIRLOCK_REQUIRE_CONTAINMENT_EVAL:
+    if eval_of is None and action == PolicyPublication.PUBLISH and settings.AIRLOCK_REQUIRE_CONTAINMENT_EVAL:
         driver = document.runtime.driver_for(settings.AIRLOCK_RUNTIME)
         if not version.scores.filter(driver=driver, passed=True).exists():
             raise ValidationError({"containment": f"publishing needs a passing containment eval of v{version.number} "
                                                   f"on {driver} (AIRLOCK_REQUIRE_CONTAINMENT_EVAL): run it from "
                                                   "this page, or with manage.py containment_eval"})
-    if widened := floor.check(document):
-        line_at = lines_of(version.source)
+    bounded = eval_of or version
+    if widened := floor.check(version_document(bounded)):
+        line_at = lines_of(bounded.source)
         raise ValidationError({"floor": [f"line {line_at(list(w.location))}: {w.message}" for w in widened]})
     if unreachable := lint.unreachable_entries(document):
         raise ValidationError({"network": [warning.message.removesuffix("; publishing refuses it")

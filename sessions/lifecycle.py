@@ -114,7 +114,8 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
         raise LifecycleError("policy_not_published", f"policy {policy_name!r} has no published version; a security "
                              "admin can publish one", 409)
     version.policy = policy  # the row just read: the session's answer names it
-    _within_floor(tenant=tenant, version=version, conversation_id=conversation_id)
+    if not for_eval:  # the eval's policy is wider by design; the eval checks the version it derives from
+        _within_floor(tenant=tenant, version=version, conversation_id=conversation_id)
     if repository and repository not in allowed_repositories(tenant.slug):
         raise LifecycleError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)
     resumed = _resume_claim(tenant=tenant, version=version, conversation_id=conversation_id, persist=persist,

@@ -17,7 +17,7 @@ from policies_app import selectors as policy_selectors
 from policies_app.denials import PERIODS
 from policies_app.rollups import by_hour
 from sessions import lifecycle, selectors, services
-from sessions.evals import background
+from sessions.evals import background, suite
 from sessions.metrics import tenant_metrics, warm_pools
 from sessions.models import Artifact, SessionState, Snapshot
 from sessions.persistence import services as persistence
@@ -68,7 +68,9 @@ def version_eval(request, name: str, number: int):
     """Run the containment eval (sessions/evals/) on this version, on the driver its sessions run on."""
     version = policy_selectors.version_get(request.tenant, name, number)
     driver = services.driver_of(version)[0]
-    if background.start(tenant=request.tenant, version=version, driver=driver):
+    if why := suite.refusal(version):
+        messages.error(request, f"The containment eval cannot run: {why}.")
+    elif background.start(tenant=request.tenant, version=version, driver=driver):
         messages.info(request, f"The containment eval of v{version.number} on {driver} is running (about 10 to 30 "
                       "seconds): reload this page to see its scorecard.")
     else:

@@ -16,6 +16,7 @@ from django.test import Client
 from controlplane.redaction import configured_secrets
 from sessions import broker, lifecycle
 from sessions.broker import BrokerError
+from sessions.egress.proxy import TLS_PORTS
 from sessions.models import SessionState
 from sessions.runtimes import get_driver
 from sessions.runtimes.base import INODES_PER_MB
@@ -171,24 +172,148 @@ def failed_write(ctx):
         f"a 1 MB write into a full workspace: {outcome}; the old file reads {bytes(kept)[:20]!r}")
 
 
+# The sandbox's side of the egress probes: a client of its proxy (the forwarder at https_proxy),
+# speaking CONNECT and plain HTTP as pip and curl do, and a real ClientHello from the sandbox's own
+# TLS stack (no handshake finished: nothing needs trusting).
+_PROXY_CLIENT = _script(r"""import socket, ssl
+proxy = os.environ.get('https_proxy', '')
+PROXY = proxy.rsplit('/', 1)[-1].rsplit(':', 1) if proxy else None
+
+def ask(head):
+    # Send a request head to the proxy: (the open connection, its status line).
+    conn = socket.create_connection((PROXY[0], int(PROXY[1])), timeout=8)
+    conn.sendall(head)
+    answer = b''
+    while b'\r\n\r\n' not in answer and len(answer) < 65536:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        answer += chunk
+    return conn, answer.split(b'\r\n')[0].decode(errors='replace')
+
+def tunnel(target):
+    return ask(f'CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n'.encode())
+
+def through(conn, data, drain=False):
+    # Send `data` into an open tunnel: `tls` when a TLS record comes back (or, to `drain`, once the
+    # tunnel ends), `cut` when the proxy closes it with nothing sent back, else what came.
+    back = b''
+    try:
+        conn.sendall(data)
+        while chunk := conn.recv(65536):
+            back += chunk
+            if back[:1] == b'\x16' and not drain:
+                return 'tls'
+    except OSError as exc:
+        return 'cut' if isinstance(exc, ConnectionResetError) and not back else type(exc).__name__
+    finally:
+        conn.close()
+    return 'cut' if not back else f'{len(back)} bytes, then cut'
+
+def hello(name):
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=name)
+    try:
+        client.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+if PROXY is None:
+    print(json.dumps({'proxy': False}))
+    sys.exit(0)
+""")
+NO_PROXY = "the policy allows no egress: the sandbox has no proxy (and no network, see the network probe)"
+
+
+def _refused(session, field: str = "reason_code") -> list[str]:
+    """The session's refused connections as recorded, in order: their reason codes (or `field`)."""
+    from policies_app.models import DecisionRecord
+
+    return list(DecisionRecord.objects.filter(session_id=session.pk, kind="egress", allowed=False)
+                .order_by("created_at").values_list(field, flat=True))
+
+
 def egress_guards(ctx):
     session = ctx.open().session
     own = sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)})
-    targets = [f"localhost:{settings.AIRLOCK_PORT}", "127.0.0.1:443", f"127.0.0.1:{settings.AIRLOCK_PORT}",
-               *(f"{address}:{settings.AIRLOCK_PORT}" for address in own)]
-    report = ctx.reported(ctx.run(session, _script(
-        "import socket\nproxy = os.environ.get('https_proxy', '')\nresults = {}\n"
-        "if proxy:\n    host, port = proxy.rsplit('/', 1)[-1].rsplit(':', 1)\n"
-        f"    for target in {json.dumps(targets)}:\n"
-        "        try:\n            with socket.create_connection((host, int(port)), timeout=5) as conn:\n"
-        "                conn.sendall(f'CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n'.encode())\n"
-        "                results[target] = conn.recv(300).split(b'\\r\\n')[0].decode(errors='replace')\n"
-        "        except OSError as exc:\n            results[target] = type(exc).__name__\n"
-        "print(json.dumps({'proxy': bool(proxy), 'results': results}))\n")))
+    port = settings.AIRLOCK_PORT
+    literal = {"egress_ip_literal", "egress_address_denied"}  # not named by the policy, or named and denied
+    expected = {"off-the-allowlist.invalid:443": {"egress_denied"}, "127.0.0.1:443": literal,
+                f"127.0.0.1:{port}": literal, **{f"{address}:{port}": literal for address in own}}
+    if ctx.network["egress"] == "allowlist":  # the eval policy names these: the guards themselves refuse
+        for entry in ctx.guarded:
+            expected[entry] = {"egress_control_plane" if entry.endswith(f":{port}") else "egress_address_denied"}
+    report = ctx.reported(ctx.run(session, _PROXY_CLIENT + (
+        "results = {}\n"
+        f"for target in {json.dumps(list(expected))}:\n"
+        "    try:\n        conn, results[target] = tunnel(target)\n        conn.close()\n"
+        "    except OSError as exc:\n        results[target] = type(exc).__name__\n"
+        "print(json.dumps({'proxy': True, 'results': results}))\n")))
     if not report["proxy"]:
-        return True, "the policy allows no egress: the sandbox has no proxy (and no network, see the network probe)"
-    refused = {target: status for target, status in report["results"].items() if " 403 " in status}
-    return len(refused) == len(report["results"]), "; ".join(f"{t}: {s}" for t, s in report["results"].items())
+        return True, NO_PROXY
+    wrong = [target for target, status in report["results"].items()
+             if not any(status.startswith(f"HTTP/1.1 403 Airlock {reason}") for reason in expected[target])]
+    return not wrong, (f"not refused as expected: {wrong}; " if wrong else "") + "; ".join(
+        f"{target}: {status}" for target, status in report["results"].items())
+
+
+def egress_tls(ctx):
+    target = ctx.egress_target(tls=True)
+    if target is None:
+        return True, ("the policy allows no TLS port by name: no tunnel to front"
+                      if ctx.network["egress"] == "allowlist" else NO_PROXY)
+    session = ctx.open().session
+    host = target.rsplit(":", 1)[0]
+    report = ctx.reported(ctx.run(session, _PROXY_CLIENT + (
+        f"target, host = {target!r}, {host!r}\nresults = {{}}\n"
+        "for case, data in [('its own name', hello(host)), ('another name', hello('fronted.invalid')),\n"
+        "                   ('plain bytes', f'GET / HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n'.encode())]:\n"
+        "    conn, status = tunnel(target)\n"
+        "    results[case] = through(conn, data) if ' 200 ' in status else status\n"
+        "conn, results['http:// to it'] = ask(\n"
+        "    f'GET http://{target}/ HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n'.encode())\n"
+        "conn.close()\nprint(json.dumps({'proxy': True, 'results': results}))\n")))
+    results, recorded = report["results"], _refused(session)
+    evidence = "; ".join(f"{case}: {outcome}" for case, outcome in results.items()) + f"; recorded: {recorded}"
+    if results["its own name"] != "tls":
+        return False, f"{target} answered no ClientHello for its own name, so no refusal proves a guard: {evidence}"
+    held = (results["another name"] == "cut" and results["plain bytes"] == "cut"
+            and results["http:// to it"].startswith("HTTP/1.1 400 Airlock egress_not_tls")
+            and recorded == ["egress_fronting", "egress_not_tls"])
+    return held, evidence
+
+
+def egress_limits(ctx):
+    target = ctx.egress_target(tls=True) or ctx.egress_target()
+    if target is None:
+        return True, ("the policy allows no host by name: nothing to spend a budget on"
+                      if ctx.network["egress"] == "allowlist" else NO_PROXY)
+    budget, cap = ctx.network["max_bytes"], ctx.network["max_connections"]
+    host, port = target.rsplit(":", 1)
+    first = f"hello({host!r})" if int(port) in TLS_PORTS else "b''"  # a TLS port wants a ClientHello first
+    spent, held = ctx.open().session, ctx.open().session
+    over = ctx.reported(ctx.run(spent, _PROXY_CLIENT + (
+        f"conn, status = tunnel({target!r})\n"
+        f"over = through(conn, {first} + b'\\0' * {budget + 1}, drain=True) if ' 200 ' in status else status\n"
+        f"conn, after = tunnel({target!r})\nconn.close()\n"
+        "print(json.dumps({'proxy': True, 'over': over, 'after': after}))\n")))
+    capped = ctx.reported(ctx.run(held, _PROXY_CLIENT + (
+        f"statuses, held = [], []\nfor _ in range({cap + 1}):\n"
+        f"    conn, status = tunnel({target!r})\n    statuses.append(status)\n    held.append(conn)\n"
+        "print(json.dumps({'proxy': True, 'statuses': statuses}))\n")))
+    statuses = capped["statuses"]
+    # The cut is recorded (whatever the upstream had answered before it), then the refusal of the next.
+    budget_held = (over["after"].startswith("HTTP/1.1 403 Airlock limit_exceeded")
+                   and _refused(spent, "rule_id") == ["network.max_bytes", "network.max_bytes"])
+    cap_held = (all(" 200 " in status for status in statuses[:cap])
+                and statuses[cap].startswith("HTTP/1.1 403 Airlock limit_exceeded")
+                and _refused(held, "rule_id") == ["network.max_connections"])
+    return budget_held and cap_held, (
+        f"{budget + 1} bytes into a tunnel to {target} with a budget of {budget} bytes (the eval policy's): "
+        f"{over['over']}; the next connection: {over['after']}; recorded: {_refused(spent, 'rule_id')}. "
+        f"{cap + 1} connections held with a cap of {cap}: the last {statuses[cap]}; recorded: "
+        f"{_refused(held, 'rule_id')}")
 
 
 def session_orphans(ctx):
@@ -296,8 +421,12 @@ PROBES = [
     Probe("environment", "no configured secret and no credential-named variable in the environment", environment),
     Probe("host-files", "no host path, the host's kernel command line or its pid 1", host_files),
     Probe("network", "no connection to loopback or the host's own addresses from the sandbox", network),
-    Probe("egress-guards", "the egress proxy refuses a name off the allowlist, an IP literal and the control "
-          "plane", egress_guards),
+    Probe("egress-guards", "the egress proxy refuses a name off the allowlist, an IP literal, names that resolve "
+          "to loopback or this host, and the control plane, even where the policy names them", egress_guards),
+    Probe("egress-tls", "a tunnel to an allowed TLS port carries TLS for that name only: another name (fronting) "
+          "and bytes that are not TLS are cut, plain http:// to it refused", egress_tls),
+    Probe("egress-limits", "the byte budget cuts a connection and refuses the next; one connection past the cap "
+          "is refused", egress_limits),
     Probe("fork-bomb", "a fork bomb stops at the pids limit", fork_bomb),
     Probe("memory-bomb", "memory past the limit ends the command (oom)", memory_bomb),
     Probe("disk-bomb", "a write past the workspace quota fails", disk_bomb),

@@ -4,28 +4,42 @@ through the same broker and lifecycle as the API's, and the scorecard they leave
 The eval policy is the chosen version's document with what the probes need and nothing wider:
 one rule that runs `python3 probe.py` (the probe the suite wrote into the workspace), the
 session's driver, a short command timeout and output cap (so the timeout and flood probes end
-quickly), no tests. It is published as the tenant's policy `containment-eval`, and shown there
-like any policy."""
+quickly), no tests. Where the version allows egress, also a small byte budget and connection cap
+(so the limits probe ends quickly) and the names the egress guards must refuse whatever a policy
+says (`guarded_entries`: a name for loopback, the host's own name, the control plane's port). It
+is published as the tenant's policy `containment-eval`, and shown there like any policy; it is
+wider than the platform floor by design, so the floor is checked on the version it derives from.
+"""
 
 import json
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
 import yaml
+from django.conf import settings
 from django.utils import timezone
 
 from controlplane.models import Tenant
+from policies_app import egress, floor
 from policies_app import services as policies
 from policies_app.document import PolicyDocument
 from policies_app.models import ContainmentScore, Policy, PolicyVersion
 from sessions import broker, lifecycle
+from sessions.egress.proxy import TLS_PORTS
 from sessions.lifecycle import EVAL_POLICY
 from sessions.models import SessionState
 
 PROBE_FILE = "probe.py"
 EVAL_LIMITS = {"command_timeout_s": 10, "output_mb": 1}  # at most these: the slow probes end fast
+EVAL_NETWORK = {"max_bytes": 16384, "max_connections": 4}  # at most these where egress is allowed
+UNSERVED_PORT = 9  # discard: the guards refuse before any packet, so nothing need listen there
+
+
+class EvalRefused(Exception):
+    """The version cannot be evaluated (the message says why)."""
 
 
 @dataclass
@@ -62,6 +76,20 @@ def airlock_version() -> str:
         return "unknown"
 
 
+def guarded_entries() -> list[str]:
+    """Allow entries the egress guards refuse whatever a policy says, each before any packet: a
+    name for loopback, the control plane's port on it, and this host's own name (where it resolves)."""
+    entries = [f"localhost:{UNSERVED_PORT}", f"localhost:{settings.AIRLOCK_PORT}"]
+    own = f"{socket.gethostname().lower()}:{UNSERVED_PORT}"
+    try:
+        resolves = bool(socket.getaddrinfo(socket.gethostname(), None))
+    except OSError:
+        resolves = False
+    if resolves and egress.parsed_or_none(own) is not None:
+        entries.append(own)
+    return entries
+
+
 def eval_document(version: PolicyVersion, driver: str) -> dict:
     document = PolicyDocument.model_validate(version.document).model_dump(mode="json", by_alias=True)
     document["tests"] = []
@@ -71,11 +99,28 @@ def eval_document(version: PolicyVersion, driver: str) -> dict:
                                                    for name, most in EVAL_LIMITS.items()}}
     document["commands"] = [rule for rule in document["commands"] if rule["id"] != "eval-probe"] + [
         {"id": "eval-probe", "bin": "python3", "exact_args": [PROBE_FILE]}]
+    network = document["network"]
+    if network["egress"] == "allowlist":
+        network["allow"] += [entry for entry in guarded_entries() if entry not in network["allow"]]
+        for name, most in EVAL_NETWORK.items():
+            network[name] = most if network.get(name) is None else min(network[name], most)
     return document
+
+
+def refusal(version: PolicyVersion) -> str | None:
+    """Why `version` cannot be evaluated, or None: a version that widens the platform floor in
+    force opens no session, so there is nothing of it to evaluate."""
+    if widened := floor.check(PolicyDocument.model_validate(version.document)):
+        return (f"{version.policy.name} v{version.number} widens the platform floor ({widened[0].message}"
+                + (f"; and {len(widened) - 1} more" if len(widened) > 1 else "") + "): no session of it opens, so "
+                "there is nothing to evaluate")
+    return None
 
 
 def eval_version(tenant: Tenant, version: PolicyVersion, driver: str) -> PolicyVersion:
     """The eval policy's published version for this version and driver (made when it differs)."""
+    if why := refusal(version):
+        raise EvalRefused(why)
     document = eval_document(version, driver)
     policy = Policy.objects.filter(tenant=tenant, name=EVAL_POLICY).first() or policies.policy_create(
         tenant=tenant, name=EVAL_POLICY, actor=None)
@@ -88,7 +133,7 @@ def eval_version(tenant: Tenant, version: PolicyVersion, driver: str) -> PolicyV
               + yaml.safe_dump(document, sort_keys=False))
     made = policies.version_create(policy=policy, source=source, actor=None,
                                    note=f"containment eval of {version.policy.name} v{version.number} on {driver}")
-    policies.version_publish(version=made, actor=None, note="containment eval", evaluated=False)
+    policies.version_publish(version=made, actor=None, note="containment eval", eval_of=version)
     return made
 
 
@@ -98,7 +143,8 @@ class Context:
 
     def __init__(self, tenant: Tenant, version: PolicyVersion, driver: str):
         self.tenant, self.version, self.driver = tenant, version, driver
-        self.limits = version.document["limits"]
+        self.limits, self.network = version.document["limits"], version.document["network"]
+        self.guarded = guarded_entries()
         self.opened = []
 
     def open(self):
@@ -115,6 +161,16 @@ class Context:
         if timeout_s is not None:
             request["timeout_s"] = timeout_s
         return broker.command_propose(session=session, request=request, wait=True)
+
+    def egress_target(self, *, tls: bool = False) -> str | None:
+        """A `host:port` the chosen version allows by name (one on a TLS port when `tls`), or None."""
+        for entry in self.network["allow"] if self.network["egress"] == "allowlist" else []:
+            parsed = egress.parsed_or_none(entry)
+            if (entry in self.guarded or parsed is None or parsed[0] or egress.ip_literal(parsed[1]) is not None
+                    or (tls and parsed[2] not in TLS_PORTS)):
+                continue
+            return entry
+        return None
 
     def propose(self, session, bin_name: str, args: list[str]):
         """A request as an agent sends it: the command, or BrokerError with the decision."""

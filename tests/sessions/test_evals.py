@@ -1,15 +1,25 @@
 """The containment eval: every probe passes on real bubblewrap sandboxes under the tests' policy
 (Docker and gVisor run it by the command: see the closing note's figures), a deliberately
-weakened driver makes the matching probe fail, and the scorecard is stored and shown."""
+weakened driver or egress guard makes the matching probe fail, the scorecard is stored and shown,
+and under a platform floor the eval runs what is within it and refuses what is not."""
 
 import json
 
 import pytest
 from django.core.management import CommandError, call_command
 
+from policies_app import egress
+from policies_app import services as policy_services
 from policies_app.models import ContainmentScore
+from sessions.egress import proxy
 from sessions.evals.probes import PROBES
-from sessions.evals.suite import run_suite
+from sessions.evals.suite import EvalRefused, run_suite
+from tests.sessions.conftest import POLICY, publish
+
+# Egress to the loopback upstreams of tests/upstreams.py (the test-only resolver maps the names).
+WITH_EGRESS = POLICY + 'network: {egress: allowlist, allow: ["tls.test:443", "pypi.test:80"]}\n'
+EGRESS_PROBES = ["egress-guards", "egress-tls", "egress-limits"]
+PYTHON_RULE = '  - id: python3\n    bin: python3\n    deny_args: ["^-"]\n'
 
 
 def test_every_probe_passes_on_bubblewrap_and_the_scorecard_is_stored_and_shown(acme, acme_policy, runner, alice,
@@ -86,3 +96,55 @@ def test_no_agent_opens_a_session_of_the_evals_own_wider_policy(acme, acme_polic
     response = agent.client.post("/api/v1/sessions", {"conversation_id": "c", "policy": "containment-eval"},
                                  content_type="application/json")
     assert response.status_code == 403 and response.json()["error"] == "policy_reserved"
+
+
+@pytest.fixture
+def loopback_egress(settings, upstreams):
+    settings.AIRLOCK_EGRESS_TEST_HOSTS = upstreams.test_hosts()
+    settings.AIRLOCK_PORT = upstreams.port(upstreams.control_plane)  # the stand-in is the control plane
+    return upstreams
+
+
+def test_every_egress_hardening_case_is_probed_against_real_upstreams(acme, runner, loopback_egress):
+    version = publish(acme, WITH_EGRESS)
+    card = run_suite(tenant=acme, version=version, driver="bubblewrap", only=EGRESS_PROBES)
+    results = {result.probe: result for result in card.results}
+    assert [(name, result.passed) for name, result in results.items()] == [(name, True) for name in EGRESS_PROBES], (
+        [result.evidence for result in card.results])
+    guards = results["egress-guards"].evidence
+    assert "localhost:9: HTTP/1.1 403 Airlock egress_address_denied" in guards  # allowed by name, loopback
+    assert f"localhost:{loopback_egress.port(loopback_egress.control_plane)}: HTTP/1.1 403 Airlock " \
+           "egress_control_plane" in guards
+    assert "its own name: tls; another name: cut; plain bytes: cut" in results["egress-tls"].evidence
+    assert "network.max_connections" in results["egress-limits"].evidence
+    assert loopback_egress.control_plane.connections == 0
+    derived = acme.policies.get(name="containment-eval").published_version().document["network"]
+    assert derived["max_bytes"] == 16384 and "localhost:9" in derived["allow"]  # what the eval added, shown
+
+
+def test_an_egress_guard_weakened_on_purpose_makes_its_probe_fail(acme, runner, loopback_egress, monkeypatch):
+    version = publish(acme, WITH_EGRESS)
+    monkeypatch.setattr(proxy, "TLS_PORTS", set())  # no ClientHello read: fronting and non-TLS pass
+    monkeypatch.setattr(egress, "denied_address", lambda address, **options: None)  # loopback names dialled
+    card = run_suite(tenant=acme, version=version, driver="bubblewrap", only=EGRESS_PROBES)
+    results = {result.probe: result for result in card.results}
+    assert not results["egress-tls"].passed and "another name: tls" in results["egress-tls"].evidence
+    assert not results["egress-guards"].passed  # localhost:9 dialled, and answered 502 (nothing listens there)
+    assert results["egress-guards"].evidence.startswith("not refused as expected: ['localhost:9'")
+    assert results["egress-limits"].passed and not card.passed
+
+
+def test_under_a_platform_floor_the_eval_runs_a_version_within_it_and_refuses_one_beyond(
+        acme, acme_policy, runner, alice, client_for):
+    within = POLICY.replace(PYTHON_RULE, "")
+    assert within != POLICY
+    policy_services.floor_set(source=within, actor=None, note="no python3", accept_breaking=True)
+    with pytest.raises(CommandError, match="widens the platform floor"):  # acme_policy has python3: beyond it
+        call_command("containment_eval", "--tenant", "acme", "--policy", "default")
+    page = client_for(alice).post(f"/t/acme/policies/default/v/{acme_policy.number}/eval", follow=True)
+    assert "The containment eval cannot run: default v1 widens the platform floor" in page.content.decode()
+    with pytest.raises(EvalRefused):
+        run_suite(tenant=acme, version=acme_policy, driver="bubblewrap", only=["identity"])
+    version = publish(acme, within)
+    card = run_suite(tenant=acme, version=version, driver="bubblewrap", only=["identity"])
+    assert card.passed  # its eval policy runs python3 probe.py, beyond the floor by design: no agent opens it

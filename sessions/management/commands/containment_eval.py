@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.models import Tenant
 from policies_app.models import Policy
-from sessions.evals.suite import run_suite
+from sessions.evals.suite import refusal, run_suite
 from sessions.runner import local_runner
 from sessions.runner.thread import runner_in_thread
 
@@ -32,6 +32,8 @@ class Command(BaseCommand):
         version = chosen.published_version() if chosen else None
         if version is None:
             raise CommandError(f"tenant {tenant!r} has no published policy {policy!r}")
+        if why := refusal(version):
+            raise CommandError(why)
         drivers = driver or ["bubblewrap"]
         if local_runner() is not None:
             cards = [run_suite(tenant=found, version=version, driver=name, only=probe) for name in drivers]
