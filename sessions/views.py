@@ -68,7 +68,7 @@ def version_eval(request, name: str, number: int):
     """Run the containment eval (sessions/evals/) on this version, on the driver its sessions run on."""
     version = policy_selectors.version_get(request.tenant, name, number)
     driver = services.driver_of(version)[0]
-    if why := suite.refusal(version):
+    if why := suite.refusal(version, driver):
         messages.error(request, f"The containment eval cannot run: {why}.")
     elif background.start(tenant=request.tenant, version=version, driver=driver):
         messages.info(request, f"The containment eval of v{version.number} on {driver} is running (about 10 to 30 "

@@ -1,7 +1,8 @@
 """The hostile probes. Each does what an agent's code would try, through the real broker and
 runner, and judges what it got: (passed, evidence). A probe script runs in the sandbox as the
-eval policy's `python3 probe.py` and prints one JSON line as its last; its network attempts go to
-loopback and the host's own addresses only."""
+eval policy's `python3 probe.py` and prints one JSON line as its last. Its network attempts go to
+loopback and the host's own addresses, except the egress probes' connections through the session's
+proxy to the first host the policy allows by name (`Context.egress_target`), which the policy permits."""
 
 import hashlib
 import json

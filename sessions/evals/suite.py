@@ -107,19 +107,26 @@ def eval_document(version: PolicyVersion, driver: str) -> dict:
     return document
 
 
-def refusal(version: PolicyVersion) -> str | None:
-    """Why `version` cannot be evaluated, or None: a version that widens the platform floor in
-    force opens no session, so there is nothing of it to evaluate."""
-    if widened := floor.check(PolicyDocument.model_validate(version.document)):
+def refusal(version: PolicyVersion, driver: str | None = None) -> str | None:
+    """Why `version` cannot be evaluated (on `driver`), or None: a version that widens the platform
+    floor in force opens no session, so there is nothing of it to evaluate; nor is it evaluated on a
+    driver the floor does not let its sessions run on (a floor that requires gVisor)."""
+    document = PolicyDocument.model_validate(version.document)
+    if widened := floor.check(document):
         return (f"{version.policy.name} v{version.number} widens the platform floor ({widened[0].message}"
                 + (f"; and {len(widened) - 1} more" if len(widened) > 1 else "") + "): no session of it opens, so "
                 "there is nothing to evaluate")
+    if driver is not None:
+        on_driver = document.model_dump(mode="json", by_alias=True)
+        on_driver["runtime"] = eval_document(version, driver)["runtime"]
+        if widened := floor.check(PolicyDocument.model_validate(on_driver)):
+            return f"the platform floor does not let sessions run on {driver}: {widened[0].message}"
     return None
 
 
 def eval_version(tenant: Tenant, version: PolicyVersion, driver: str) -> PolicyVersion:
     """The eval policy's published version for this version and driver (made when it differs)."""
-    if why := refusal(version):
+    if why := refusal(version, driver):
         raise EvalRefused(why)
     document = eval_document(version, driver)
     policy = Policy.objects.filter(tenant=tenant, name=EVAL_POLICY).first() or policies.policy_create(

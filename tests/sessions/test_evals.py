@@ -148,3 +148,8 @@ def test_under_a_platform_floor_the_eval_runs_a_version_within_it_and_refuses_on
     version = publish(acme, within)
     card = run_suite(tenant=acme, version=version, driver="bubblewrap", only=["identity"])
     assert card.passed  # its eval policy runs python3 probe.py, beyond the floor by design: no agent opens it
+    on_gvisor = within.replace("mode: enforce\n", "mode: enforce\nruntime: {isolation: gvisor}\n")
+    policy_services.floor_set(source=on_gvisor, actor=None, note="gVisor only", accept_breaking=True)
+    publish(acme, on_gvisor)
+    with pytest.raises(CommandError, match="does not let sessions run on bubblewrap"):  # not even for the eval
+        call_command("containment_eval", "--tenant", "acme", "--policy", "default", "--driver", "bubblewrap")

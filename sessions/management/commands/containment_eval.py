@@ -32,9 +32,10 @@ class Command(BaseCommand):
         version = chosen.published_version() if chosen else None
         if version is None:
             raise CommandError(f"tenant {tenant!r} has no published policy {policy!r}")
-        if why := refusal(version):
-            raise CommandError(why)
         drivers = driver or ["bubblewrap"]
+        for name in drivers:
+            if why := refusal(version, name):
+                raise CommandError(why)
         if local_runner() is not None:
             cards = [run_suite(tenant=found, version=version, driver=name, only=probe) for name in drivers]
         else:
