@@ -288,9 +288,10 @@ if any(len(value) < 6 for value in AIRLOCK_REDACT_VALUES):  # redaction skips th
     raise ImproperlyConfigured("AIRLOCK_REDACT_VALUES holds a value shorter than 6 characters, which would match by "
                                "chance and is never redacted; list only the secrets themselves")
 
-# Decisions older than this are deleted by `manage.py prune_decisions` (run it daily).
 # Publishing a version (not a rollback) needs a passing containment eval of it on its driver.
 AIRLOCK_REQUIRE_CONTAINMENT_EVAL = env_bool("AIRLOCK_REQUIRE_CONTAINMENT_EVAL", False)
+
+# Decisions older than this are deleted by `manage.py prune_decisions` (run it daily).
 AIRLOCK_DECISION_RETENTION_DAYS = env_int("AIRLOCK_DECISION_RETENTION_DAYS", 90, minimum=1)
 
 # Operations metrics: what a CPU-second and a megabyte-hour of workspace storage cost (the

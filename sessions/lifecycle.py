@@ -100,21 +100,25 @@ EVAL_POLICY = "containment-eval"
 
 
 def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repository: str,
-                 actor_label: str, persist: bool = False, resume: str = "", for_eval: bool = False) -> Opened:
+                 actor_label: str, persist: bool = False, resume: str = "",
+                 eval_version: PolicyVersion | None = None) -> Opened:
     """A session of the policy's published version, on a live runner, with its sandbox ready.
     `persist`: snapshot its workspace when it ends; `resume`: start from a snapshot of this
     conversation ("latest" or its id), checked in full first (sessions/persistence/services.py).
-    The containment eval's policy opens for the eval alone (`for_eval`)."""
-    if (policy_name == EVAL_POLICY) != for_eval:
+    The containment eval's policy opens for the eval alone, at the version it names
+    (`eval_version`: another eval may publish another one meanwhile)."""
+    if (policy_name == EVAL_POLICY) != (eval_version is not None):
         raise LifecycleError("policy_reserved", f"policy {EVAL_POLICY!r} is the containment eval's own: only the "
                              "eval opens sessions of it", 403)
     policy = Policy.objects.filter(tenant=tenant, name=policy_name).first()
-    version = policy.published_version() if policy else None
+    if eval_version is not None and (policy is None or eval_version.policy_id != policy.pk):
+        raise LifecycleError("policy_reserved", f"that version is not of this tenant's {EVAL_POLICY!r}", 403)
+    version = eval_version or (policy.published_version() if policy else None)
     if version is None:
         raise LifecycleError("policy_not_published", f"policy {policy_name!r} has no published version; a security "
                              "admin can publish one", 409)
     version.policy = policy  # the row just read: the session's answer names it
-    if not for_eval:  # the eval's policy is wider by design; the eval checks the version it derives from
+    if eval_version is None:  # the eval's policy is wider by design; the eval checks the version it derives from
         _within_floor(tenant=tenant, version=version, conversation_id=conversation_id)
     if repository and repository not in allowed_repositories(tenant.slug):
         raise LifecycleError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)

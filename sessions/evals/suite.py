@@ -157,7 +157,7 @@ class Context:
     def open(self):
         opened = lifecycle.session_open(tenant=self.tenant, conversation_id=f"containment-eval-{self.driver}",
                                         policy_name=EVAL_POLICY, repository="", actor_label="containment-eval",
-                                        for_eval=True)
+                                        eval_version=self.version)
         self.opened.append(opened.session)
         return opened
 

@@ -153,3 +153,16 @@ def test_under_a_platform_floor_the_eval_runs_a_version_within_it_and_refuses_on
     publish(acme, on_gvisor)
     with pytest.raises(CommandError, match="does not let sessions run on bubblewrap"):  # not even for the eval
         call_command("containment_eval", "--tenant", "acme", "--policy", "default", "--driver", "bubblewrap")
+
+
+def test_an_eval_opens_its_own_derived_version_even_after_another_eval_published_one(acme, acme_policy, runner):
+    from sessions.evals.suite import Context, eval_version
+
+    mine = eval_version(acme, acme_policy, "bubblewrap")
+    theirs = eval_version(acme, acme_policy, "docker")  # another eval, started meanwhile, publishes its own
+    assert theirs != mine and mine.policy.published_version() == theirs
+    context = Context(acme, mine, "bubblewrap")
+    try:
+        assert context.open().session.policy_version_id == mine.pk
+    finally:
+        context.close()
