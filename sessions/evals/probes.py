@@ -6,7 +6,6 @@ proxy to the first host the policy allows by name (`Context.egress_target`), whi
 
 import hashlib
 import json
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from django.conf import settings
 from django.test import Client
 
 from controlplane.redaction import configured_secrets
+from policies_app import egress
 from sessions import broker, lifecycle
 from sessions.broker import BrokerError
 from sessions.egress.proxy import TLS_PORTS
@@ -78,11 +78,15 @@ def host_files(ctx):
                     f"{report['pid1'][:80]}")
 
 
+def _own_ipv4() -> list[str]:
+    """This host's IPv4 addresses, every interface's (as egress's deny set reads them), and loopback's."""
+    return sorted({str(address) for address in egress.host_addresses() if address.version == 4
+                   and not address.is_loopback} | {"127.0.0.1"})
+
+
 def network(ctx):
     session = ctx.open().session
-    own = sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
-                 | {"127.0.0.1"})
-    targets = [[address, settings.AIRLOCK_PORT] for address in own]
+    targets = [[address, settings.AIRLOCK_PORT] for address in _own_ipv4()]
     report = ctx.reported(ctx.run(session, _script(
         "import socket\nresults = {}\n"
         f"for host, port in {json.dumps(targets)}:\n"
@@ -237,11 +241,10 @@ def _refused(session, field: str = "reason_code") -> list[str]:
 
 def egress_guards(ctx):
     session = ctx.open().session
-    own = sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)})
     port = settings.AIRLOCK_PORT
     literal = {"egress_ip_literal", "egress_address_denied"}  # not named by the policy, or named and denied
     expected = {"off-the-allowlist.invalid:443": {"egress_denied"}, "127.0.0.1:443": literal,
-                f"127.0.0.1:{port}": literal, **{f"{address}:{port}": literal for address in own}}
+                **{f"{address}:{port}": literal for address in _own_ipv4()}}
     if ctx.network["egress"] == "allowlist":  # the eval policy names these: the guards themselves refuse
         for entry in ctx.guarded:
             expected[entry] = {"egress_control_plane" if entry.endswith(f":{port}") else "egress_address_denied"}

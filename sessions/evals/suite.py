@@ -29,6 +29,7 @@ from policies_app.document import PolicyDocument
 from policies_app.models import ContainmentScore, Policy, PolicyVersion
 from sessions import broker, lifecycle
 from sessions.egress.proxy import TLS_PORTS
+from sessions.evals import probes
 from sessions.lifecycle import EVAL_POLICY
 from sessions.models import SessionState
 
@@ -205,15 +206,13 @@ class Context:
 def run_suite(*, tenant: Tenant, version: PolicyVersion, driver: str, only: list[str] | None = None) -> Scorecard:
     """Every probe (or those named) against `version` on `driver`; a runner must be this process's
     or reachable (the command starts one: sessions/runner/thread.py)."""
-    from sessions.evals.probes import PROBES
-
     started = time.monotonic()
     derived = eval_version(tenant, version, driver)
     card = Scorecard(policy=version.policy.name, version=version.number, driver=driver,
                      eval_version=derived.number, started_at=timezone.now().isoformat(timespec="seconds"))
     context = Context(tenant, derived, driver)
     try:
-        for probe in PROBES:
+        for probe in probes.PROBES:
             if only and probe.name not in only:
                 continue
             began = time.monotonic()
