@@ -7,8 +7,9 @@ against a plain `tar` of the same tree measured in the same run.
   untrusted and hashes every file, seals it (AES-256-GCM) and stores it through Django's storage
   (the filesystem under the data directory): `services.take`.
 - restore: read the blob from storage, open it, check the manifest's signature and every file's
-  digest, size, mode and path, then unpack into a new sandbox's empty workspace
-  (`services.check_bytes` and `pack.unpack`, what `services.restore` runs).
+  digest, size, mode and path (the tar kept meanwhile in a memfd), then unpack into a new
+  sandbox's empty workspace (`services.checked_tar` and `pack.unpack`, what `services.restore`
+  runs).
 - baselines: GNU tar on the host, `tar -cf` of the workspace's own directory to a file beside
   the stored blobs, and `tar -xf` of that file into an empty directory of the same kind (tmpfs).
 
@@ -78,7 +79,10 @@ def main() -> None:
     assert isinstance(events[-1], ExitStatus) and events[-1].exit_code == 0, events[-1]
     key = TenantKey(tenant_id=0, version=1, key=os.urandom(32))
     store = services.storage()
-    scratch = Path(tempfile.mkdtemp(prefix="bench-tar-", dir=store.path("") if hasattr(store, "path") else None))
+    home = Path(store.path("")) if hasattr(store, "path") else None
+    if home is not None:
+        home.mkdir(parents=True, exist_ok=True)  # a fresh data directory has no store yet
+    scratch = Path(tempfile.mkdtemp(prefix="bench-tar-", dir=home))
     tar_file = scratch / "plain.tar"
     print(f"workspace: {options.files} files of {size} bytes ({options.files * size / 2**20:.0f} MiB), "
           f"driver {options.driver}, {options.runs} runs; {host_notes()}")
@@ -113,7 +117,8 @@ def main() -> None:
         try:
             started = time.perf_counter()
             assert mf.signature_holds(key, row.manifest, taken.signature)
-            unpack(driver, fresh, services.check_bytes(row, key))
+            with services.checked_tar(row, key) as archive:
+                unpack(driver, fresh, archive)
             restore.append(ms(started))
         finally:
             driver.destroy(fresh)

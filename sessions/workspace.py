@@ -14,7 +14,6 @@ no partial file (docs/architecture.md, "Workspace files")."""
 import fnmatch
 import io
 import json
-import posixpath
 import subprocess
 import tarfile
 import time
@@ -208,10 +207,9 @@ def normalize_path(path: str) -> str:
     """A workspace-relative path, or ValueError: no absolute paths, no `..`, no empty parts."""
     if not path or len(path) > MAX_PATH or "\0" in path or path.startswith("/"):
         raise ValueError("give a relative path inside the workspace, such as tests/test_app.py")
-    parts = path.split("/")
-    if any(part in {"", ".", ".."} for part in parts):
+    if any(part in {"", ".", ".."} for part in path.split("/")):
         raise ValueError("the path may not hold empty, `.` or `..` components")
-    return posixpath.join(*parts)
+    return path
 
 
 def _run(driver: Driver, sandbox: Sandbox, op: str, path: str, *, stdin: bytes | None = None,

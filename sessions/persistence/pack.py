@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 
 from sessions.persistence.tarstream import BadTar, TarReader, TooLarge
-from sessions.runtimes.base import WORKSPACE, Chunk, Driver, ExitStatus, Sandbox
+from sessions.runtimes.base import WORKSPACE, Chunk, Driver, ExitStatus, Sandbox, Stdin
 from sessions.workspace import ERRORS as FILE_ERRORS
 from sessions.workspace import WorkspaceError
 
@@ -207,7 +207,8 @@ def pack(driver: Driver, sandbox: Sandbox, roots: list[str], *, max_bytes: int,
     stderr, status = [], None
     try:
         # The tar is its files plus a header for each entry: room for a million of them past max_bytes.
-        for item in driver.exec(_helper(sandbox, max_bytes + (512 << 20)), argv, cwd=WORKSPACE, egress=False):
+        for item in driver.exec(_helper(sandbox, max_bytes + (512 << 20)), argv, cwd=WORKSPACE, egress=False,
+                                bulk=True):
             if isinstance(item, Chunk):
                 if item.stream == "stdout":
                     reader.feed(item.data)
@@ -244,8 +245,8 @@ def pack(driver: Driver, sandbox: Sandbox, roots: list[str], *, max_bytes: int,
     return PackResult(entries=entries, skipped=skipped[:1000], file_bytes=reader.file_bytes)
 
 
-def unpack(driver: Driver, sandbox: Sandbox, archive: bytes) -> None:
-    """Extract a checked tar into the workspace."""
+def unpack(driver: Driver, sandbox: Sandbox, archive: Stdin) -> None:
+    """Extract a checked tar (bytes, or a file read from where it stands) into the workspace."""
     stderr, status = [], None
     for item in driver.exec(_helper(sandbox, 1 << 20), UNPACK_ARGV, cwd=WORKSPACE, stdin=archive, egress=False):
         if isinstance(item, Chunk):

@@ -37,29 +37,35 @@ def _nonce(prefix: bytes, index: int, last: bool) -> bytes:
 
 
 class Sealer:
-    """Feed plaintext, take sealed bytes as they are ready, then `finish()` for the rest."""
+    """Feed plaintext, take sealed bytes as they are ready, then `finish()` for the rest. Each
+    piece is copied once, into the segment being filled; a full segment is sealed when more
+    follows (the last one is sealed by finish(), flagged last)."""
 
     def __init__(self, key: TenantKey, object_id: str):
         salt, self._prefix = os.urandom(16), os.urandom(7)
         self.header = MAGIC + salt + self._prefix
         self._aead = _aead(key, object_id, salt)
         self._index = 0
-        self._pending = bytearray()
+        self._segment = bytearray(SEGMENT)
+        self._filled = 0
 
-    def feed(self, data: bytes) -> list[bytes]:
-        self._pending += data
+    def feed(self, data) -> list[bytes]:
         out = []
-        while len(self._pending) > SEGMENT:  # the last segment is sealed by finish(), flagged last
-            out.append(self._seal(bytes(self._pending[:SEGMENT]), last=False))
-            del self._pending[:SEGMENT]
+        view = memoryview(data)
+        while view:
+            if self._filled == SEGMENT:
+                out.append(self._seal(self._segment, last=False))
+                self._filled = 0
+            take = min(SEGMENT - self._filled, len(view))
+            self._segment[self._filled:self._filled + take] = view[:take]
+            self._filled += take
+            view = view[take:]
         return out
 
     def finish(self) -> bytes:
-        sealed = self._seal(bytes(self._pending), last=True)
-        self._pending = bytearray()
-        return sealed
+        return self._seal(memoryview(self._segment)[:self._filled], last=True)
 
-    def _seal(self, chunk: bytes, *, last: bool) -> bytes:
+    def _seal(self, chunk, *, last: bool) -> bytes:
         if self._index >= 1 << 32:
             raise ValueError("a blob holds at most 2**32 segments")
         sealed = self._aead.encrypt(_nonce(self._prefix, self._index, last), chunk, self.header)
@@ -67,25 +73,42 @@ class Sealer:
         return sealed
 
 
-def unseal(key: TenantKey, object_id: str, blob: BinaryIO) -> Iterator[bytes]:
-    """The plaintext, a segment at a time as the blob is read; Unsealable names the first
-    segment that does not open (the plaintext before it has authenticated)."""
+def unseal(key: TenantKey, object_id: str, blob: BinaryIO) -> Iterator[memoryview]:
+    """The plaintext, a segment at a time as the blob is read, each a view of one buffer that the
+    next segment overwrites (copy what you keep); Unsealable names the first segment that does
+    not open (the plaintext before it has authenticated). The blob is read into two buffers in
+    turn (this segment, and the next, which tells whether this one is the last)."""
     header = blob.read(HEADER)
     if len(header) < HEADER or not header.startswith(MAGIC):
         raise Unsealable("the stored blob is not a sealed Airlock blob (its header is missing or altered)")
     aead = _aead(key, object_id, header[len(MAGIC):len(MAGIC) + 16])
     prefix = header[len(MAGIC) + 16:]
-    piece, index = blob.read(SEGMENT + TAG), 0
+    plain = memoryview(bytearray(SEGMENT))
+    sealed = (memoryview(bytearray(SEGMENT + TAG)), memoryview(bytearray(SEGMENT + TAG)))
+    piece, index = _read_into(blob, sealed[0]), 0
     while True:
-        following = blob.read(SEGMENT + TAG) if len(piece) == SEGMENT + TAG else b""
+        following = _read_into(blob, sealed[(index + 1) % 2]) if len(piece) == SEGMENT + TAG else b""
         last = not following
         if len(piece) < TAG or (not last and len(piece) != SEGMENT + TAG):
             raise Unsealable(f"the stored blob is cut short at segment {index}")
+        opened = plain[:len(piece) - TAG]
         try:
-            yield aead.decrypt(_nonce(prefix, index, last), piece, header)
+            aead.decrypt_into(_nonce(prefix, index, last), piece, header, opened)
         except InvalidTag:
             raise Unsealable(f"segment {index} of the stored blob does not authenticate under this tenant's key: "
                              "the blob was altered, cut short, or belongs to another object") from None
+        yield opened
         if last:
             return
         piece, index = following, index + 1
+
+
+def _read_into(blob: BinaryIO, buffer: memoryview) -> memoryview:
+    """As much of the blob as fills `buffer` (less only at its end): the part of it filled."""
+    filled = 0
+    while filled < len(buffer):
+        got = blob.readinto(buffer[filled:])
+        if not got:
+            break
+        filled += got
+    return buffer[:filled]

@@ -14,6 +14,7 @@ import hashlib
 from sessions.workspace import normalize_path
 
 BLOCK = 512
+_ZEROS = bytes(BLOCK)
 
 
 class BadTar(Exception):
@@ -56,15 +57,17 @@ class TarReader:
         pos, size = 0, len(view)
         while pos < size:
             if self._remaining:
-                take = min(self._remaining, size - pos)
-                piece = view[pos:pos + take]
-                self._file[1].update(piece)
-                if self._emit is not None:
-                    self._emit(piece)
-                pos += take
-                self._remaining -= take
+                end = pos + min(self._remaining, size - pos)
+                self._file[1].update(view[pos:end])
+                self._remaining -= end - pos
                 if not self._remaining:
                     self._file_done()
+                    padding = min(self._skip, size - end)  # what of its padding is here: one piece with it
+                    self._skip -= padding
+                    end += padding
+                if self._emit is not None:
+                    self._emit(view[pos:end])
+                pos = end
             elif self._skip:
                 take = min(self._skip, size - pos)
                 if self._emit is not None:
@@ -75,6 +78,11 @@ class TarReader:
                 if any(view[pos:]):
                     raise BadTar("data after the archive's end")
                 return
+            elif not self._buf and size - pos >= self._want:  # a whole header here: no copy through _buf
+                want = self._want
+                block = bytes(view[pos:pos + want])
+                pos += want
+                self._on_block(block)
             else:
                 take = min(self._want - len(self._buf), size - pos)
                 self._buf += view[pos:pos + take]
@@ -100,11 +108,11 @@ class TarReader:
                 self._pax(block[:self._pax_size])
             self._pax_size, self._want = None, BLOCK
             return
-        if not any(block):
+        if block == _ZEROS:
             self._ended = True
             return
         checksum = _octal(block[148:156], "checksum")
-        if checksum != sum(block[:148]) + 256 + sum(block[156:]):
+        if checksum != sum(block) - sum(block[148:156]) + 256:  # its own field counts as spaces
             raise BadTar("a header's checksum does not match")
         kind = block[156:157]
         size = _octal(block[124:136], "size")

@@ -9,9 +9,10 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import BinaryIO, Literal
 
 WORKSPACE = "/workspace"
+Stdin = bytes | BinaryIO  # a command's whole standard input: bytes, or a file (with a descriptor) from where it stands
 ExitReason = Literal["exited", "timeout", "killed", "oom", "output_limit"]
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # A session whose policy allows egress: its proxy's socket directory appears here, and each
@@ -160,13 +161,17 @@ class Driver(ABC):
     @abstractmethod
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
-        env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: bytes | None = None,
-        egress: bool = True,
+        env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: Stdin | None = None,
+        egress: bool = True, bulk: bool = False,
     ) -> Iterator[Chunk | ExitStatus]:
         """Run argv; yield Chunks as output arrives, then exactly one ExitStatus. `stdin`, when
-        given, is the whole of the command's standard input (else it reads /dev/null). With
-        `egress` (and a session that has it) the command runs behind the forwarder; Airlock's own
-        helper programs pass False: they need no network."""
+        given, is the whole of the command's standard input: bytes, or an open file with a
+        descriptor, read from where it stands (a driver may hand the file itself to the command,
+        which then reads a file, not a pipe); else /dev/null.
+        With `egress` (and a session that has it) the command runs behind the forwarder;
+        Airlock's own helper programs pass False: they need no network. `bulk`: the command
+        writes a great deal at once (a workspace's tar), so the driver may let more of it wait
+        for the reader (the writer then runs on while the reader parses)."""
 
     @abstractmethod
     def kill(self, sandbox: Sandbox) -> None:

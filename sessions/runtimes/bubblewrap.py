@@ -13,6 +13,7 @@ inside) waits until the runner has placed both bwrap processes in the sandbox's 
 their rlimits); only then does the command start, and everything it forks inherits the limits."""
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -42,6 +43,7 @@ from sessions.runtimes.base import (
     SandboxError,
     SandboxSpec,
     Stats,
+    Stdin,
     check_argv,
     egress_argv,
     is_uuid,
@@ -54,6 +56,7 @@ from sessions.runtimes.linux import is_mount_point, mount_tmpfs, unmount
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin")  # util-linux, essential on Debian
 READ_SIZE = 65536
+BULK_PIPE_BYTES = 1 << 20  # pipe-max-size's default: what any user may ask for
 
 
 @dataclass
@@ -203,8 +206,8 @@ class BubblewrapDriver(Driver):
     # -- commands --------------------------------------------------------------------------
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
-        env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: bytes | None = None,
-        egress: bool = True,
+        env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: Stdin | None = None,
+        egress: bool = True, bulk: bool = False,
     ) -> Iterator[Chunk | ExitStatus]:
         check_argv(argv)
         cwd = workspace_cwd(cwd)
@@ -213,7 +216,7 @@ class BubblewrapDriver(Driver):
         started = time.monotonic()
         oom_before = self.cgroups.usage(sandbox.id).oom_kills if self.cgroups.available else 0
         argv = egress_argv(sandbox.spec, argv) if egress else list(argv)
-        running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec, env), stdin)
+        running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec, env), stdin, bulk)
         # The one deadline mechanism: it holds even when nobody reads the output.
         watchdog = deadlines.after(timeout_s, lambda: self._stop(sandbox.id, running, "timeout"))
         output_bytes = 0
@@ -247,7 +250,7 @@ class BubblewrapDriver(Driver):
         )
 
     def _start(self, sandbox: Sandbox, argv: Sequence[str], cwd: str, env: dict[str, str],
-               stdin: bytes | None) -> _Running:
+               stdin: Stdin | None, bulk: bool) -> _Running:
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
         filter_read = seccomp.program_fd()
@@ -276,12 +279,13 @@ class BubblewrapDriver(Driver):
             "--clearenv", *[part for name, value in env.items() for part in ("--setenv", name, value)],
             "--", *argv,
         ])
+        fed = isinstance(stdin, bytes)  # written through a pipe; a file is the command's own stdin
         with self._guard(sandbox.id), self._lock:
             try:
                 if sandbox.id in self._running:
                     raise SandboxError("a command is already running in this sandbox")
                 process = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                    command, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE if fed else stdin,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     env={}, pass_fds=(info_write, block_read, filter_read, blank_read), start_new_session=True,
                     **self._identity(),
@@ -293,6 +297,9 @@ class BubblewrapDriver(Driver):
             finally:  # bwrap's ends are its own now (or nobody's)
                 for descriptor in (info_write, block_read, filter_read, blank_read):
                     os.close(descriptor)
+            if bulk:  # the rest stays 64 KiB: this counts against the user's pipe pages (pipe(7))
+                with contextlib.suppress(OSError):
+                    fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, BULK_PIPE_BYTES)
             running = _Running(process=process)
             self._running[sandbox.id] = running
         try:
@@ -307,7 +314,7 @@ class BubblewrapDriver(Driver):
                 raise SandboxError(f"{exc}: {_startup_error(process)}") from None
             self._confine(sandbox, [pid for pid in (process.pid, running.inner_pid) if pid not in early])
             os.write(block_write, b"1")  # the command may start now
-            if stdin is not None:
+            if fed:
                 threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
         except (OSError, SandboxError):
             if running.reason is None:  # it could not start

@@ -46,6 +46,7 @@ from sessions.runtimes.base import (
     SandboxError,
     SandboxSpec,
     Stats,
+    Stdin,
     check_argv,
     egress_argv,
     is_uuid,
@@ -314,8 +315,8 @@ class DockerDriver(Driver):
     # -- commands --------------------------------------------------------------------------
     def exec(
         self, sandbox: Sandbox, argv: Sequence[str], *, cwd: str = WORKSPACE,
-        env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: bytes | None = None,
-        egress: bool = True,
+        env: Mapping[str, str] | None = None, timeout_s: float | None = None, stdin: Stdin | None = None,
+        egress: bool = True, bulk: bool = False,
     ) -> Iterator[Chunk | ExitStatus]:
         check_argv(argv)
         argv = egress_argv(sandbox.spec, argv) if egress else list(argv)
@@ -333,7 +334,7 @@ class DockerDriver(Driver):
             channel.send({"op": "exec", "id": running.id, "argv": argv, "cwd": cwd,
                           "env": sandbox_env(sandbox.spec, env), "timeout_s": timeout_s,
                           "max_output": limits.max_output_bytes,
-                          "stdin": stdin})
+                          "stdin": stdin if stdin is None or isinstance(stdin, bytes) else stdin.read()})
         except ChannelClosed:
             with self._lock:
                 self._running.pop(sandbox.id, None)
