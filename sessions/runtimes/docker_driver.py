@@ -195,8 +195,9 @@ class DockerDriver(Driver):
             # The host's pids cgroup counts the gVisor kernel's own threads (measured here: ~7
             # per guest process under the ptrace platform), and the sandbox dies when it cannot
             # make one, so it only guards the host; the guest's limit is its RLIMIT_NPROC, which
-            # gVisor enforces per uid. It counts a process under the uid that forked it, so the
-            # command itself (forked by the supervisor as root, then 65534) is not counted: one less.
+            # gVisor enforces per real uid: the command (spawned with 65534 as its real uid) and
+            # its children count, the supervisor does not, so one less, as runc's pids cgroup
+            # counts the supervisor too.
             nproc = max(1, limits.pids - 1)
             pids_options = {"pids_limit": limits.pids * 16 + 256,
                             "ulimits": [Ulimit(name="nproc", soft=nproc, hard=nproc)]}

@@ -440,10 +440,14 @@ HALF_DEAD = (
 
 def test_a_process_whose_main_thread_exited_dies_with_its_command(driver, sandbox):
     token = f"airlock-{uuid.uuid4().hex}"
-    code = ("import os, subprocess, sys\n"
+    code = ("import os, subprocess, sys, time\n"
             "subprocess.Popen([sys.executable, '-c', sys.argv[1], '/workspace/' + sys.argv[2]],\n"
             "                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-            "import time; time.sleep(0.3)\n")
+            "for _ in range(500):  # until it beats (its Python starts slowly under gVisor)\n"
+            "    if os.path.exists('/workspace/' + sys.argv[2]):\n"
+            "        break\n"
+            "    time.sleep(0.02)\n"
+            "time.sleep(0.1)\n")
     assert py(driver, sandbox, code, HALF_DEAD, token).status.exit_code == 0
     check = (f"import time; a = open('/workspace/{token}').read(); time.sleep(0.3); "
              f"print(a == open('/workspace/{token}').read())")
