@@ -1,9 +1,10 @@
 """Sandbox driver latency: p50 / p95 of create, create + first exec, exec of `true` (five in each
-sandbox, after its first), exec of `python3 -c pass` and destroy, per driver, with the ratio of exec to a bare subprocess spawn
-of the same command measured in the same run. For Docker and gVisor also: `docker exec … true`
-(Docker's own CLI) into the same containers, the reference; `create (warm pool)`, a claim from a
-warm pool (sessions/runtimes/pool.py) refilled between claims; `create (cold)`; and a bare
-`docker run -d` of the same image (started, not waited for), the floor of a cold start.
+sandbox, after its first), exec of `python3 -c pass` and destroy, per driver, with the ratio of
+exec to a bare subprocess spawn of the same command measured in the same run. For Docker and
+gVisor also: `docker exec … true` (Docker's own CLI) into the same containers, the reference;
+`create (warm pool)`, a claim from a warm pool (sessions/runtimes/pool.py) refilled between
+claims; `create (cold)`; and a bare `docker run -d` of the same image (started, not waited
+for), the floor of a cold start.
 
     .venv/bin/python bench/runtimes.py [--runs N] [bubblewrap docker gvisor]
 
