@@ -46,6 +46,7 @@ class TarReader:
         self._want = BLOCK  # bytes wanted in _buf: a header, or a pax header's data
         self._pax_size = None  # reading a long-name header's data of this size
         self._long_kind = b""
+        self._longs: list[bytes] = []  # the kinds of the long-name headers held for the next entry
         self._path_override = None
         self._file = None  # the file whose data is passing
         self._remaining = 0
@@ -104,8 +105,8 @@ class TarReader:
             self._held.append(block)
             if self._long_kind == b"L":
                 self._path_override = block[:self._pax_size].split(b"\0", 1)[0]
-            else:
-                self._pax(block[:self._pax_size])
+            elif self._long_kind == b"x":
+                self._pax(block[:self._pax_size])  # (K, a link's long target: the link is left out)
             self._pax_size, self._want = None, BLOCK
             return
         if block == _ZEROS:
@@ -116,10 +117,12 @@ class TarReader:
             raise BadTar("a header's checksum does not match")
         kind = block[156:157]
         size = _octal(block[124:136], "size")
-        if kind in (b"x", b"L"):  # a pax header, or GNU tar's long name
-            if self._path_override is not None or self._held or not 0 < size <= 65536:
+        if kind in (b"x", b"L", b"K"):  # a pax header, GNU tar's long name or long link target
+            longs = self._longs
+            if kind in longs or b"x" in longs or (kind == b"x" and longs) or not 0 < size <= 65536:
                 raise BadTar("an unexpected long-name header")
             self._held.append(block)
+            self._longs.append(kind)
             self._long_kind = kind
             self._pax_size, self._want = size, -(-size // BLOCK) * BLOCK
             return
@@ -128,6 +131,7 @@ class TarReader:
         raw = self._path_override if self._path_override is not None else (prefix + b"/" + name if prefix else name)
         self._path_override = None
         held, self._held = self._held, []
+        long_target, self._longs = b"K" in self._longs, []
         if raw in (b".", b"./"):  # the workspace itself
             return
         if kind in (b"1", b"2", b"3", b"4", b"6", b"7"):
@@ -136,6 +140,8 @@ class TarReader:
                                  "why": f"{what} (never followed or read)"})
             return
         path = self._path(raw[2:] if raw.startswith(b"./") else raw)
+        if long_target:
+            raise BadTar(f"{path!r} has a link's target but is not a link")
         mode = _octal(block[100:108], "mode") & 0o7777
         if self._emit is not None:
             for piece in held:
@@ -175,7 +181,7 @@ class TarReader:
         return path
 
     def _pax(self, data: bytes) -> None:
-        """Records `<length> <key>=<value>\\n`; only `path` is taken."""
+        """Records `<length> <key>=<value>\\n`: `path` only (what PACK_PROGRAM writes)."""
         pos = 0
         while pos < len(data):
             space = data.find(b" ", pos)
@@ -187,8 +193,9 @@ class TarReader:
             if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
                 raise BadTar("a pax record does not add up")
             key, _, value = record[:-1].partition(b"=")
-            if key == b"path":
-                self._path_override = value
+            if key != b"path":  # GNU tar would honour any other (a size, a link's target): none is written here
+                raise BadTar(f"a pax record other than a path: {key[:40]!r}")
+            self._path_override = value
             pos += length
         if self._path_override is None:
             raise BadTar("a pax header without a path")

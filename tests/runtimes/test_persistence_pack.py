@@ -3,12 +3,15 @@ sandbox packs, sealed and opened again, unpacks whole in another; links and FIFO
 
 import io
 import os
+import tarfile
 import tempfile
+
+import pytest
 
 from controlplane.keys import TenantKey
 from sessions.persistence.pack import pack, unpack
 from sessions.persistence.sealed import Sealer, unseal
-from sessions.persistence.tarstream import TarReader
+from sessions.persistence.tarstream import BadTar, TarReader
 from sessions.runtimes.base import ExitStatus
 
 TREE = """
@@ -51,3 +54,48 @@ def test_a_workspace_packed_in_one_sandbox_unpacks_whole_in_another(driver, make
     assert _run(driver, target, "import os; print(os.path.lexists('link'), os.path.lexists('fifo'))") == \
         b"False False\n"
 
+
+
+def test_links_with_long_names_or_targets_are_left_out_and_the_rest_packs(driver, make_sandbox):
+    """GNU tar writes a long link target as a header of its own (K): the link is left out with
+    it, as a short one is; before, the whole snapshot failed."""
+    source = make_sandbox()
+    _run(driver, source, "import os; open('kept', 'w').write('x'); os.symlink('/' + 'x' * 150, 'far');"
+                         "os.symlink('kept', 'l' * 120); os.symlink('/' + 'y' * 150, 'z' * 120)")
+    packed = pack(driver, source, [""], max_bytes=1 << 20, sink=lambda data: None)
+    assert [entry["path"] for entry in packed.entries] == ["kept"]
+    assert {item["path"] for item in packed.skipped} == {"far", "l" * 120, "z" * 120}
+
+
+def _tar(*members: tuple[tarfile.TarInfo, bytes], format: int) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=format) as archive:
+        for info, data in members:
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _read(archive: bytes) -> list[dict]:
+    reader = TarReader(1 << 20)
+    reader.feed(archive)
+    return reader.close()
+
+
+def test_a_pax_record_other_than_a_path_is_refused():
+    """GNU tar would honour it on unpacking (a size, a link's target, an owner) where the reader
+    did not look: the stream would not be what was checked."""
+    long_name = tarfile.TarInfo("d/" + "n" * 120)
+    assert [entry["path"] for entry in _read(_tar((long_name, b"ok"), format=tarfile.PAX_FORMAT))] == [long_name.name]
+    for record in ({"size": "1"}, {"linkpath": "/etc/passwd"}, {"comment": "x"}):
+        info = tarfile.TarInfo("file")
+        info.pax_headers = {**record, "path": "file"}
+        with pytest.raises(BadTar, match="other than a path"):
+            _read(_tar((info, b"data"), format=tarfile.PAX_FORMAT))
+
+
+def test_a_long_link_target_before_a_file_is_refused():
+    info = tarfile.TarInfo("file")
+    info.linkname = "/" + "t" * 150  # tarfile writes its K header whatever the member's type
+    with pytest.raises(BadTar, match="has a link's target but is not a link"):
+        _read(_tar((info, b"data"), format=tarfile.GNU_FORMAT))
