@@ -207,7 +207,8 @@ def normalize_path(path: str) -> str:
     """A workspace-relative path, or ValueError: no absolute paths, no `..`, no empty parts."""
     if not path or len(path) > MAX_PATH or "\0" in path or path.startswith("/"):
         raise ValueError("give a relative path inside the workspace, such as tests/test_app.py")
-    if any(part in {"", ".", ".."} for part in path.split("/")):
+    parts = path.split("/")
+    if "" in parts or "." in parts or ".." in parts:
         raise ValueError("the path may not hold empty, `.` or `..` components")
     return path
 
