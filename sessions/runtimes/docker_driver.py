@@ -195,9 +195,8 @@ class DockerDriver(Driver):
             # The host's pids cgroup counts the gVisor kernel's own threads (measured here: ~7
             # per guest process under the ptrace platform), and the sandbox dies when it cannot
             # make one, so it only guards the host; the guest's limit is its RLIMIT_NPROC, which
-            # gVisor enforces per real uid: the command (spawned with 65534 as its real uid) and
-            # its children count, the supervisor does not, so one less, as runc's pids cgroup
-            # counts the supervisor too.
+            # gVisor enforces per uid. It counts a process under the uid that forked it, so the
+            # command itself (forked by the supervisor as root, then 65534) is not counted: one less.
             nproc = max(1, limits.pids - 1)
             pids_options = {"pids_limit": limits.pids * 16 + 256,
                             "ulimits": [Ulimit(name="nproc", soft=nproc, hard=nproc)]}
@@ -219,10 +218,13 @@ class DockerDriver(Driver):
             # Docker's own masked paths, and the host's boot options: /proc/cmdline is not the
             # sandbox's business (the Engine API's HostConfig.MaskedPaths replaces the default list).
             host_config["MaskedPaths"] = MASKED_PATHS
+            # posix_spawn only where the kernel keeps a pid namespace's init from the signals it
+            # does not handle: gVisor delivers them (supervisor.py, Supervisor.spawn_posix).
+            spawn = [] if self.isolation == "gvisor" else ["posix-spawn"]
             # Attached stdin, closed when the runner's end closes (it died, or let go): that ends
             # the supervisor, and the sandbox with it.
             container = api.create_container(
-                rootfs.IMAGE, ["python3", "-I", "-S", "-c", SUPERVISOR], name=name,
+                rootfs.IMAGE, ["python3", "-I", "-S", "-c", SUPERVISOR, *spawn], name=name,
                 hostname="sandbox", user="0:0", working_dir="/", environment={}, stdin_open=True, detach=False,
                 labels={**labels, LABEL_DRIVER: self.name, rootfs.DIGEST_LABEL: self.image_digest},
                 host_config=host_config,

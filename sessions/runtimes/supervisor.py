@@ -1,8 +1,9 @@
 """The in-sandbox supervisor of Docker and gVisor sandboxes (docs/architecture.md, "Runtimes").
 
-It is the container's main process, its pid 1, and runs every command itself: it spawns it
-(posix_spawn) as uid 65534 without capabilities in a session and process group of its own, and
-streams the output back as frames, then the exit. The runner talks to it over the container's attached stdio
+It is the container's main process, its pid 1, and runs every command itself: it starts it
+(posix_spawn under runc, `python3 -I -S -c SOURCE posix-spawn`; fork + exec under gVisor) as uid
+65534 without capabilities in a session and process group of its own, and streams the output
+back as frames, then the exit. The runner talks to it over the container's attached stdio
 (Docker's attach stream), which no sandboxed process can reach: its descriptors are not
 inherited, and /proc/<its pid>/fd is closed to another uid. A command's output is framed as
 data, so it cannot forge an exit either.
@@ -103,7 +104,7 @@ def program(name: str, env: dict) -> str:
 
 
 class Supervisor:
-    def __init__(self):
+    def __init__(self, posix_spawn: bool):
         self.requests = bytearray()
         self.out = bytearray()  # frames ready to send
         self.tail, self.tail_kind = bytearray(), b""  # output not framed yet: merged while it waits
@@ -111,6 +112,7 @@ class Supervisor:
         self.queue = []  # requests that came while a command ran
         keep_descriptors_to_itself()
         os.setgroups([])  # a command is spawned with this process's supplementary groups: none
+        self.posix_spawn = posix_spawn
         for fd in (0, 1):
             os.set_blocking(fd, False)
         # A command's exit wakes the loop: SIGCHLD writes a byte to this pipe.
@@ -203,38 +205,16 @@ class Supervisor:
         self.running = command
 
     def spawn(self, request: dict, with_stdin: bool):
-        """Start the command with posix_spawn (a vfork: no copy of this process's memory, which
-        under gVisor made fork + exec ~25 ms against ~8): its own session and process group,
-        stdin from a pipe or /dev/null, its output into pipes, no other descriptor of this
-        process, SIGPIPE back to its default. uid and gid 65534 with no supplementary group and
-        no capability: this process takes the command's uid and gid as its real and effective
-        ids for the moment of the spawn (keeping 0 as its saved ones, so it can take root back),
-        so the cwd and the program are looked up with the command's rights, the child is born
-        with them, and its exec clears every capability (its bounding set keeps the container's
-        three, which nothing it executes can gain under no-new-privileges). First in line for
-        the OOM killer."""
+        """Start the command: its own session and process group, uid and gid 65534 with no
+        supplementary group and no capability (its bounding set keeps the container's three,
+        which nothing it executes can gain under no-new-privileges), its cwd and program looked
+        up with those rights, first in line for the OOM killer; stdin from a pipe or /dev/null,
+        its output into pipes, no other descriptor of this process, SIGPIPE at its default."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if with_stdin else (os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), None)
         try:
-            os.setresgid(NOBODY, NOBODY, 0)
-            os.setresuid(NOBODY, NOBODY, 0)
-            try:
-                os.chdir(request["cwd"])
-                pid = os.posix_spawn(
-                    program(request["argv"][0], request["env"]), request["argv"], request["env"], setsid=True,
-                    setsigdef=(signal.SIGPIPE,),
-                    file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-                                  (os.POSIX_SPAWN_DUP2, err_w, 2)])
-                try:  # as its owner (gVisor does not keep the score)
-                    with open(f"/proc/{pid}/oom_score_adj", "w") as adj:
-                        adj.write("1000")
-                except OSError:
-                    pass
-            finally:
-                os.setresuid(0, 0, 0)
-                os.setresgid(0, 0, 0)
-                os.chdir("/")
+            pid = (self.spawn_posix if self.posix_spawn else self.spawn_fork)(request, in_r, out_w, err_w)
         except OSError:
             for fd in (out_r, err_r, in_w):
                 if fd is not None:
@@ -246,6 +226,76 @@ class Supervisor:
         for fd in (out_r, err_r) + ((in_w,) if in_w is not None else ()):
             os.set_blocking(fd, False)
         return pid, {out_r: b"1", err_r: b"2"}, in_w
+
+    @staticmethod
+    def spawn_posix(request: dict, in_r: int, out_w: int, err_w: int) -> int:
+        """posix_spawn (a vfork: no copy of this process's memory). The child is born with this
+        process's ids, so for the spawn this process takes 65534 as its real and effective uid
+        and gid (0 kept as saved, to take root back): the cwd and the program along the
+        command's PATH are looked up with the command's rights, and its exec clears every
+        capability. The command may run before root is taken back and, its real uid being this
+        process's then, may signal it: only where the kernel drops what a pid namespace's init
+        does not handle (runc; SIGINT is ignored here, SIGCHLD's handler does nothing), never
+        under gVisor, which delivers them (`spawn_fork` there)."""
+        os.setresgid(NOBODY, NOBODY, 0)
+        os.setresuid(NOBODY, NOBODY, 0)
+        try:
+            os.chdir(request["cwd"])
+            pid = os.posix_spawn(
+                program(request["argv"][0], request["env"]), request["argv"], request["env"], setsid=True,
+                setsigdef=(signal.SIGPIPE,),
+                file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                              (os.POSIX_SPAWN_DUP2, err_w, 2)])
+        finally:
+            os.setresuid(0, 0, 0)
+            os.setresgid(0, 0, 0)
+            os.chdir("/")
+        os.setresuid(0, NOBODY, 0)  # its score is written as its owner; its ids keep it from signalling this one
+        try:
+            with open(f"/proc/{pid}/oom_score_adj", "w") as adj:
+                adj.write("1000")
+        except OSError:
+            pass
+        finally:
+            os.setresuid(0, 0, 0)
+        return pid
+
+    @staticmethod
+    def spawn_fork(request: dict, in_r: int, out_w: int, err_w: int) -> int:
+        """fork, then in the child: its ids, cwd and program, exec. This process keeps root
+        throughout, so no process of the sandbox may ever signal it."""
+        # An error of the child before exec (a cwd or argv[0] that is missing) comes back here.
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = os.fork()
+        except OSError:  # the pids limit: the command's leftovers are at it
+            os.close(status_r)
+            os.close(status_w)
+            raise
+        if pid == 0:  # the child: only async-signal-safe work until exec
+            try:
+                os.setsid()
+                for fd, target in ((in_r, 0), (out_w, 1), (err_w, 2)):
+                    os.dup2(fd, target)  # every other descriptor is close-on-exec
+                with open("/proc/self/oom_score_adj", "w") as adj:
+                    adj.write("1000")
+                os.setresgid(NOBODY, NOBODY, NOBODY)
+                os.setresuid(NOBODY, NOBODY, NOBODY)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                os.chdir(request["cwd"])
+                os.execvpe(request["argv"][0], request["argv"], request["env"])  # noqa: S606 - argv, never a shell
+            except OSError as exc:
+                os.write(status_w, struct.pack(">i", exc.errno or 1))
+            finally:
+                os._exit(127)
+        os.close(status_w)
+        failure = os.read(status_r, 4)
+        os.close(status_r)
+        if failure:
+            os.waitpid(pid, 0)
+            code = struct.unpack(">i", failure)[0]
+            raise OSError(code, os.strerror(code))
+        return pid
 
     def stop(self, reason: str) -> None:
         command = self.running
@@ -380,7 +430,8 @@ if __name__ == "__main__":
     if os.getpid() != 1:  # reap() kills every process it may signal: only its own sandbox's
         sys.exit("airlock supervisor: it runs as its sandbox's pid 1 only")
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    # Pid 1 gets only the signals it handles: SIGCHLD, whose handler does nothing. Not SIGINT
-    # (Python's handler would end it): a process of uid 65534 may signal it while it spawns.
+    # Pid 1 gets only the signals it handles (under runc; gVisor delivers every signal to it):
+    # SIGCHLD, whose handler does nothing. Not SIGINT, which Python's handler would end it by:
+    # with posix_spawn, a command may signal it while it spawns (Supervisor.spawn_posix).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    Supervisor().serve()
+    Supervisor(posix_spawn=sys.argv[1:] == ["posix-spawn"]).serve()

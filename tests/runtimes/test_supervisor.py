@@ -2,7 +2,9 @@
 and a runner that lets go of a sandbox (it died) leaves nothing running in it. On real sandboxes."""
 
 import json
+import shutil
 import struct
+import subprocess
 import time
 import uuid
 
@@ -137,3 +139,40 @@ def test_a_command_is_spawned_with_its_own_rights_only(supervised, sandbox):
         assert refused.status.exit_code == 127 and "Permission denied" in refused.stderr, refused.stderr
     ids = py(supervised, sandbox, "import os; print(os.getresuid(), os.getresgid(), os.getgroups())").stdout
     assert ids == "(65534, 65534, 65534) (65534, 65534, 65534) []\n"
+
+
+RACER = r"""
+#include <signal.h>
+#include <stdio.h>
+int main(void) {  /* native, so it runs within microseconds of its exec */
+    for (int i = 0; i < 3000; i++)
+        if (kill(1, SIGTERM) == 0) { puts("signalled"); return 0; }
+    puts("refused");
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def racer(tmp_path_factory) -> bytes:
+    """A static binary that signals pid 1 the moment it starts."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc builds the racing binary; it is not installed")
+    folder = tmp_path_factory.mktemp("racer")
+    (folder / "racer.c").write_text(RACER)
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(folder / "racer"), str(folder / "racer.c")], check=True)
+    return (folder / "racer").read_bytes()
+
+
+def test_a_command_that_signals_pid_1_as_it_starts_never_stops_its_supervisor(supervised, sandbox, racer):
+    """Under runc the supervisor spawns as 65534 for a moment, and a command quick enough may
+    signal it then: the kernel drops what pid 1 does not handle. gVisor delivers such signals,
+    so there the supervisor never takes the command's uid: every attempt is refused."""
+    write = "import os, sys; open('racer', 'wb').write(sys.stdin.buffer.read()); os.chmod('racer', 0o755)"
+    assert run(supervised, sandbox, ["python3", "-c", write], stdin=racer).status.exit_code == 0
+    said = {run(supervised, sandbox, ["./racer"]).stdout for _ in range(25)}
+    if supervised.name == "gvisor":
+        assert said == {"refused\n"}
+    assert said <= {"refused\n", "signalled\n"}
+    assert supervised.client.api.inspect_container(sandbox.handle["container"])["State"]["Running"]
+    assert run(supervised, sandbox, ["true"]).status.exit_code == 0
