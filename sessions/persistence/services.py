@@ -341,7 +341,7 @@ def checked_tar(row: Packed, key: TenantKey) -> Iterator[BinaryIO]:
     """The stored tar, once every check holds, as a file in memory (a memfd: never on a disk)
     sealed against writes, open read-only from its start: a sandbox's tar reads it as its
     standard input, at the speed of a file rather than of a pipe."""
-    descriptor = os.memfd_create(f"airlock-restore-{row.id}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    descriptor = os.memfd_create("airlock-restore", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)  # the sandbox sees its name
     with open(descriptor, "wb") as written:
         check_stored(row, key, into=written)
         written.flush()
