@@ -26,11 +26,11 @@ class TooLarge(BadTar):
 
 
 def _octal(field: bytes, what: str) -> int:
+    """Octal digits only, as GNU tar reads them (int() would take a sign and underscores too)."""
     text = field.rstrip(b"\0 ").lstrip(b" ")
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise BadTar(f"a header's {what} is not a number") from None
+    if text.translate(None, b"01234567"):
+        raise BadTar(f"a header's {what} is not an octal number")
+    return int(text, 8) if text else 0
 
 
 class TarReader:

@@ -99,3 +99,22 @@ def test_a_long_link_target_before_a_file_is_refused():
     info.linkname = "/" + "t" * 150  # tarfile writes its K header whatever the member's type
     with pytest.raises(BadTar, match="has a link's target but is not a link"):
         _read(_tar((info, b"data"), format=tarfile.GNU_FORMAT))
+
+
+def _with_field(archive: bytes, start: int, value: bytes) -> bytes:
+    """The first header's field at `start` set to `value`, its checksum made right again."""
+    header = bytearray(archive[:512])
+    header[start:start + len(value)] = value
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + archive[512:]
+
+
+def test_a_number_that_is_not_plain_octal_is_refused():
+    """int() takes a sign and underscores where GNU tar reads neither: a size of -1, or 0_12,
+    would make the reader and the tar that unpacks it see different archives."""
+    archive = _tar((tarfile.TarInfo("file"), b"0123456789"), format=tarfile.GNU_FORMAT)
+    assert [entry["size"] for entry in _read(archive)] == [10]
+    for size in (b"-0000000012\0", b"00000000_12\0", b"+0000000012\0", b" 0x000000a\0"):
+        with pytest.raises(BadTar, match="not an octal number"):
+            _read(_with_field(archive, 124, size))
