@@ -55,7 +55,6 @@ def test_a_workspace_packed_in_one_sandbox_unpacks_whole_in_another(driver, make
         b"False False\n"
 
 
-
 def test_links_with_long_names_or_targets_are_left_out_and_the_rest_packs(driver, make_sandbox):
     """GNU tar writes a long link target as a header of its own (K): the link is left out with
     it, as a short one is; before, the whole snapshot failed."""

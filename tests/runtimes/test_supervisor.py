@@ -113,9 +113,9 @@ def test_output_written_a_byte_at_a_time_comes_in_merged_frames_and_whole(superv
 
 
 def test_a_sigint_does_not_end_the_supervisor(supervised, sandbox):
-    """While it spawns a command the supervisor has 65534 as its real uid, which a process of
-    the sandbox could signal (none is left by then: each command's end kills them all). Pid 1
-    gets only the signals it handles: it handles none that would end it. Sent here from the host."""
+    """Under runc the supervisor has 65534 as its real uid while it spawns a command, which a
+    process of the sandbox could signal then. Pid 1 gets only the signals it handles: it handles
+    none that would end it. Sent here from the host."""
     supervised.client.api.kill(sandbox.handle["container"], signal="SIGINT")
     time.sleep(0.5)
     assert supervised.client.api.inspect_container(sandbox.handle["container"])["State"]["Running"]
@@ -123,10 +123,10 @@ def test_a_sigint_does_not_end_the_supervisor(supervised, sandbox):
 
 
 def test_a_command_is_spawned_with_its_own_rights_only(supervised, sandbox):
-    """The supervisor takes the command's uid for the spawn: its cwd and program are looked up
-    with the command's rights (a directory only it may enter works, one nobody may enter does
-    not; the container's root has no right to override either), and what runs holds 65534 in
-    every id."""
+    """The command's cwd and program are looked up with its own rights (the supervisor takes its
+    uid for the spawn under runc; the forked child drops to it first under gVisor): a directory
+    only it may enter works, one nobody may enter does not (the container's root has no right to
+    override either), and what runs holds 65534 in every id."""
     setup = ("import os\nos.mkdir('/workspace/mine', 0o700)\nos.mkdir('/workspace/closed', 0o000)\n"
              "open('/workspace/mine/tool', 'w').write('#!/bin/sh\\necho ran in $(pwd)\\n')\n"
              "os.chmod('/workspace/mine/tool', 0o700)\nopen('/workspace/script', 'w').write('#!/bin/sh\\n')\n")
