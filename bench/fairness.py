@@ -1,7 +1,8 @@
 """One tenant's load against another's latency. Tenant A's session create and exec round trip
 (p50 / p95) alone, then while tenant B attacks: a FIFO read by 64 parallel callers (and reads
-queued behind a long command), an output flood (lines full of `password=` to redact), and 50
-sessions opened at once, each running commands. Same server, same run; the ratio of A's p95 under
+queued behind a long command), an output flood (lines full of `password=` to redact), empty
+WebSocket pings sent as fast as 8 session streams take them, and 50 sessions opened at once,
+each running commands. Same server, same run; the ratio of A's p95 under
 each attack to A's p95 alone is printed with its verdict (target <= 2x).
 
 Last, the floor below Airlock: the same contest as the 50 sessions, on the bubblewrap driver
@@ -19,6 +20,7 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -157,6 +159,36 @@ def flood_attack(attack: Attack) -> None:
         attack.spawn(flood)
 
 
+def ping_attack(attack: Attack) -> None:
+    """8 of B's session streams, each sent empty pings as fast as it takes them (pongs read)."""
+    api = Api(attack.url, attack.key)
+    attack.sessions = [api.open("bench") for _ in range(2)]
+    port = int(attack.url.rsplit(":", 1)[1])
+    for index in range(8):
+        session = attack.sessions[index % 2]
+        stream = socket.create_connection(("127.0.0.1", port), timeout=10)
+        stream.sendall(f"GET {session['stream_url']} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                       "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                       "Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1\r\n"
+                       f"Sec-WebSocket-Protocol: airlock.v1, airlock.token.{session['token']}\r\n\r\n".encode())
+        attack.count(int(stream.recv(65536).split()[1]))
+
+        def read(stream=stream) -> None:
+            with contextlib.suppress(OSError):
+                while stream.recv(65536):
+                    pass
+
+        def ping(stream=stream) -> None:
+            burst = (b"\x89\x80" + b"\x00" * 4) * 10_000  # masked, empty: 6 bytes each
+            with contextlib.suppress(OSError):
+                while not attack.stopping.is_set():
+                    stream.sendall(burst)
+            stream.close()
+
+        attack.spawn(read)
+        attack.spawn(ping)
+
+
 def sessions_attack(attack: Attack) -> None:
     def agent() -> None:
         mine = Api(attack.url, attack.key)
@@ -278,7 +310,7 @@ def main() -> None:
         print(line("A alone: session create", alone_create))
         print(line("A alone: exec `true` round trip", alone_exec))
         attacks = (("B's FIFO reads (64 callers)", fifo_attack), ("B's output flood (4 sessions)", flood_attack),
-                   ("B's 50 sessions at once", sessions_attack))
+                   ("B's WebSocket pings (8 streams)", ping_attack), ("B's 50 sessions at once", sessions_attack))
         load = (0, 0.0)  # B's sessions and commands a second in the 50 sessions: the floor's load
         for name, start in attacks:
             attack = Attack(url, key_b)

@@ -14,6 +14,10 @@ What the server must do, and where it is done (no library's internals are touche
 - The server's own runner starts with the server (ASGI lifespan), and a SIGTERM or SIGINT stops
   it before the server waits for its connections: its sessions end `failed` with the reason and
   their sandboxes are destroyed, and calls waiting for them are answered at once.
+- Slow clients and connection floods: a request's headers are due whole within
+  AIRLOCK_CLIENT_TIMEOUT_S, a client address holds at most AIRLOCK_MAX_CONNECTIONS_PER_CLIENT
+  connections, and a WebSocket whose client reads nothing is not read either
+  (`controlplane/connections.py`: uvicorn's protocols, subclassed).
 - No `Server` header, and proxy headers are left to Django (SECURE_PROXY_SSL_HEADER, set only
   behind a TLS proxy): uvicorn would otherwise believe X-Forwarded-* from loopback."""
 
@@ -25,7 +29,10 @@ import sys
 from urllib.parse import unquote
 
 import uvicorn
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
+from controlplane import connections
 from controlplane.redaction import configured_secrets, redact
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -77,8 +84,14 @@ def main(argv: list[str]) -> None:
         parser.error("--access-log takes '-' (standard output) or 'off'")
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(EncodedSecretFilter())
+    try:  # settings are read here, not set up: the application sets Django up
+        connections.configure(timeout_s=settings.AIRLOCK_CLIENT_TIMEOUT_S,
+                              per_client=settings.AIRLOCK_MAX_CONNECTIONS_PER_CLIENT)
+    except ImproperlyConfigured as exc:
+        sys.exit(f"airlock: configuration error: {exc}")
     config = uvicorn.Config(
-        options.application, host=options.bind, port=options.port, http="httptools", ws="websockets-sansio",
+        options.application, host=options.bind, port=options.port, http=connections.BoundedHttp,
+        ws=connections.BoundedWebSocket,
         lifespan="on", log_config=None, access_log=options.access_log == "-", proxy_headers=False,
         server_header=False,
         ws_max_size=WEBSOCKET_MESSAGE_BYTES, timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACE_S,

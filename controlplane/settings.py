@@ -257,6 +257,10 @@ AIRLOCK_TENANT_MEMORY_SHARE = env_float("AIRLOCK_TENANT_MEMORY_SHARE", 0.5, mini
 # past it its commands wait on their own writes, so a flood costs the server (redaction, events)
 # a bounded share.
 AIRLOCK_OUTPUT_BYTES_PER_S = env_int("AIRLOCK_OUTPUT_BYTES_PER_S", 256 * 1024, minimum=4096)
+# What one client may hold of the server (controlplane/connections.py): the time a request's
+# headers have to arrive whole (and a body's longest pause), and its open connections per address.
+AIRLOCK_CLIENT_TIMEOUT_S = env_float("AIRLOCK_CLIENT_TIMEOUT_S", 20.0, minimum=0.1)
+AIRLOCK_MAX_CONNECTIONS_PER_CLIENT = env_int("AIRLOCK_MAX_CONNECTIONS_PER_CLIENT", 256)
 # The audit chain's key (controlplane/audit.py): derived from SECRET_KEY unless given; and where
 # the chain heads are checkpointed, outside the database.
 AIRLOCK_AUDIT_KEY = env_str("AIRLOCK_AUDIT_KEY")

@@ -84,6 +84,9 @@ def refused(env: dict, explanation: str, name: str):
                 "warm-pool-size"),
         refused({"AIRLOCK_WARM_POOL": "docker:4,gvisor:65"}, "a pool holds 0 to 64 sandboxes", "warm-pool-too-big"),
         refused({"AIRLOCK_WARM_POOL": "docker:2,docker:3"}, "names docker twice", "warm-pool-twice"),
+        refused({"AIRLOCK_CLIENT_TIMEOUT_S": "soon"}, "AIRLOCK_CLIENT_TIMEOUT_S='soon' is not a number",
+                "client-timeout"),
+        refused({"AIRLOCK_MAX_CONNECTIONS_PER_CLIENT": "-1"}, "AIRLOCK_MAX_CONNECTIONS_PER_CLIENT", "connections"),
     ],
 )
 def test_a_bad_environment_stops_manage_py_with_one_line(env, explanation):
@@ -100,6 +103,14 @@ def test_a_bad_environment_stops_the_asgi_server_with_one_line():
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert "airlock: configuration error: SECRET_KEY is missing" in result.stderr
+
+
+def test_a_bad_environment_stops_the_server_with_one_line():
+    result = start({"SECRET_KEY": GOOD_KEY, "AIRLOCK_CLIENT_TIMEOUT_S": "0"}, "-m", "controlplane.serve", "-p", "1",
+                   "controlplane.asgi:application")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "airlock: configuration error: AIRLOCK_CLIENT_TIMEOUT_S=0.0 is below its minimum of 0.1"], result.stderr
 
 
 def test_a_good_environment_starts(tmp_path):

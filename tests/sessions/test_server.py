@@ -2,6 +2,7 @@
 way an operator stops it."""
 
 import contextlib
+import http.client
 import os
 import re
 import shutil
@@ -10,8 +11,10 @@ import socket
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 from sessions.runtimes.bubblewrap import BubblewrapDriver
@@ -21,13 +24,13 @@ from tests.sessions.test_cluster import SLEEPER, _manage, _start, wait_until
 
 
 @contextlib.contextmanager
-def serving():
+def serving(**extra_env: str):
     """A server as `make run` starts it, on a fresh data directory: (url, demo key, data dir, process)."""
     data = Path(tempfile.mkdtemp(prefix="airlock-server-"))
     data.chmod(0o711)  # sandboxes (uid 65534) traverse it to their workspace
     env = {**{k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG"}},
            "AIRLOCK_DATA_DIR": str(data), "AIRLOCK_SANDBOX_DIR": str(data / "sandboxes"),
-           "SECRET_KEY": "server-test-secret-key-" + "x" * 40}
+           "SECRET_KEY": "server-test-secret-key-" + "x" * 40, **extra_env}
     server = None
     try:
         _manage(env, "migrate", "--no-input", "-v", "0")
@@ -88,3 +91,135 @@ def test_a_client_that_goes_away_mid_upload_leaves_the_old_file_as_it_was(sandbo
                 assert response.read() == b"old = 1\n", f"after a client left {sent} bytes in"
         workspace = data / "sandboxes" / "bubblewrap" / session["id"] / "workspace"
         assert [p.name for p in workspace.iterdir()] == ["keep.py"]  # no partial or hidden file
+
+
+def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection to the server from `source`, one of loopback's addresses."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+
+
+def _closed_by_server(connection: socket.socket, within_s: float) -> bool:
+    """Whether the server closes `connection` within `within_s` (what it sent before is skipped)."""
+    connection.settimeout(within_s)
+    try:
+        while connection.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def _health(connection: socket.socket) -> int:
+    """GET /healthz on an open connection, which stays open (keep-alive): its status."""
+    connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    response = http.client.HTTPResponse(connection)
+    response.begin()
+    response.read()
+    return response.status
+
+
+def _healthy(port: int, source: str = "127.0.0.1") -> int:
+    with _connect(port, source) as connection:
+        return _health(connection)
+
+
+def test_a_client_that_sends_its_request_too_slowly_holds_no_connection():
+    """uvicorn alone kept each of these open for ever: a thousand of them took every descriptor of
+    a server with the common limit of 1024, and nobody else got in (slowloris)."""
+    with serving(AIRLOCK_CLIENT_TIMEOUT_S="1") as (url, _key, _data, _server):
+        port = int(url.rsplit(":", 1)[1])
+        silent = _connect(port)  # never sends a byte
+        partial = _connect(port)
+        partial.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # the headers never end
+        trickle = _connect(port)
+        stalled_body = _connect(port)
+        stalled_body.sendall(b"POST /api/v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n"
+                             b"Content-Type: application/json\r\n\r\n{")  # then nothing
+        kept_alive = _connect(port)
+        assert _health(kept_alive) == 200
+        started = time.monotonic()
+        for byte in b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n":  # a header byte every 0.2 s: never idle
+            if time.monotonic() - started > 3:
+                break
+            try:
+                trickle.send(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.2)
+        assert _closed_by_server(trickle, 2), "a request whose header bytes trickle in is closed at the timeout"
+        for name, connection in (("silent", silent), ("partial headers", partial), ("stalled body", stalled_body)):
+            assert _closed_by_server(connection, 2), f"the {name} connection is closed at the timeout"
+        # An idle keep-alive connection between two requests is not a slow request: it stays (75 s).
+        assert _health(kept_alive) == 200
+        for connection in (silent, partial, trickle, stalled_body, kept_alive):
+            connection.close()
+
+
+def _websocket(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A WebSocket handshake on a session's stream (accepted; it waits for a first-message token)."""
+    connection = _connect(port, source)
+    connection.sendall(f"GET /ws/sessions/{uuid.uuid4()}/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                       "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                       "Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1\r\n\r\n".encode())
+    assert connection.recv(65536).startswith(b"HTTP/1.1 101 ")
+    return connection
+
+
+def test_one_client_address_cannot_take_every_connection():
+    with serving(AIRLOCK_MAX_CONNECTIONS_PER_CLIENT="6") as (url, _key, _data, _server):
+        port = int(url.rsplit(":", 1)[1])
+        held = [_connect(port, "127.0.0.2") for _ in range(4)] + [_websocket(port, "127.0.0.2") for _ in range(2)]
+        with _connect(port, "127.0.0.2") as refused:
+            answer = refused.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 429 ") and b"AIRLOCK_MAX_CONNECTIONS_PER_CLIENT" in answer
+        assert _healthy(port, "127.0.0.1") == 200  # another address is served as before
+        held.pop().close()  # a WebSocket ends: its count is given back
+        deadline = time.monotonic() + 5
+        while _healthy(port, "127.0.0.2") != 200:
+            assert time.monotonic() < deadline, "a closed WebSocket still counts against its address"
+            time.sleep(0.05)
+        held.pop(0).close()  # and so is a plain connection's
+        time.sleep(0.2)
+        again = _connect(port, "127.0.0.2")
+        assert _health(again) == 200
+        for connection in [*held, again]:
+            connection.close()
+
+
+def test_a_websocket_client_cannot_flood_the_server_with_pings():
+    """Empty pings as fast as the socket takes them, the pongs read: uvicorn alone parsed and
+    answered every one (1.3 million in 3 s here) and the event loop served nothing else meanwhile
+    (a health check waited 6.8 s). A stream's client sends a token and keep-alive pongs, no more."""
+    with serving() as (url, _key, _data, _server):
+        port = int(url.rsplit(":", 1)[1])
+        flood = _websocket(port)  # the stream's wait for a first-message token (5 s) outlasts the flood
+        pong_bytes, stopping = [0], threading.Event()
+
+        def read_pongs() -> None:
+            flood.settimeout(0.2)
+            while not stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    pong_bytes[0] += len(flood.recv(65536))
+
+        def send_pings() -> None:
+            burst = (b"\x89\x80" + b"\x00" * 4) * 10_000  # masked pings with no payload: 6 bytes each
+            with contextlib.suppress(OSError):
+                while not stopping.is_set():
+                    flood.sendall(burst)
+
+        threads = [threading.Thread(target=read_pongs), threading.Thread(target=send_pings, daemon=True)]
+        for thread in threads:
+            thread.start()
+        try:
+            time.sleep(0.5)
+            assert _healthy(port) == 200  # answered meanwhile (within the 10 s of the probe's socket)
+            time.sleep(2.5)
+        finally:
+            stopping.set()
+            threads[0].join()
+            flood.close()
+        pongs = pong_bytes[0] // 2  # 2 bytes each
+        # 16 KiB at once, then 1 KiB a second: ~3,200 pings in 3 s, plus a read or two (32 KiB each)
+        assert pongs < 30_000, f"the server answered {pongs} pings in 3 s"

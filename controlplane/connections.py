@@ -1,0 +1,219 @@
+"""What one client may hold of the server: uvicorn's HTTP and WebSocket protocols, subclassed
+and handed to `uvicorn.Config` as `http=` and `ws=` (its documented way to supply a protocol),
+with the bounds uvicorn leaves out (docs/architecture.md, "Admission").
+
+- **Slow requests.** uvicorn arms no timer before a connection's first response, and any byte
+  cancels its keep-alive timer, so a client that sends a request's headers a byte a minute, or
+  nothing at all, holds its connection for ever: about a thousand such connections take every
+  descriptor of a server with the common limit, and nobody else gets in. Here a request's
+  headers must arrive whole within `AIRLOCK_CLIENT_TIMEOUT_S` of the connection's start or of
+  the request's first byte, and its body may pause no longer than that between two pieces;
+  past it the connection is closed.
+- **Connections per client.** One client address holds at most
+  `AIRLOCK_MAX_CONNECTIONS_PER_CLIENT` connections at once, its WebSockets included; one more is
+  answered 429 and closed before a byte of it is read. 0 turns the count off (behind a proxy,
+  every client has the proxy's address: the proxy limits them).
+- **What a WebSocket's client sends.** uvicorn reads a WebSocket as fast as its client writes and
+  answers every ping at once: a client sending empty pings (6 bytes each) kept the event loop
+  busy parsing them, and every other request waited (a health check took 6.8 s), and one that
+  reads none of the pongs grew the server's memory. A client of Airlock's streams sends one small
+  message (its token) and keep-alive pongs, so a WebSocket's client may send READ_RATE bytes a
+  second after a READ_BURST; past it reading pauses until the allowance has refilled, and the
+  client waits in its own socket (which the kernel keeps small: READ_BUFFER). Reading also
+  stops while the server's writes to the client are above their high-water mark.
+"""
+
+import asyncio
+import logging
+import socket
+import weakref
+from collections import Counter
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+log = logging.getLogger(__name__)
+
+READ_RATE = 1024  # bytes a second a WebSocket's client may send, after READ_BURST
+READ_BURST = 16 * 1024
+READ_BUFFER = 16 * 1024  # the kernel's receive buffer of a WebSocket: what one read may bring
+_REFUSAL = b"too many open connections from this address (AIRLOCK_MAX_CONNECTIONS_PER_CLIENT); close one\n"
+REFUSED = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\nretry-after: 1\r\n"
+           b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_REFUSAL), _REFUSAL))
+
+
+class Limits:
+    """The bounds, set once by `configure` before the server starts (controlplane/serve.py)."""
+
+    timeout_s: float = 20.0
+    per_client: int = 256
+
+
+def configure(*, timeout_s: float, per_client: int) -> None:
+    Limits.timeout_s, Limits.per_client = timeout_s, per_client
+
+
+# Open connections per client address, per server (a process may run more than one, as tests do).
+_open: "weakref.WeakKeyDictionary[object, Counter[str]]" = weakref.WeakKeyDictionary()
+
+
+def _admit(server_state, host: str | None) -> bool:
+    if host is None or not Limits.per_client:
+        return True
+    counts = _open.setdefault(server_state, Counter())
+    if counts[host] >= Limits.per_client:
+        return False
+    counts[host] += 1
+    return True
+
+
+def _release(server_state, host: str | None) -> None:
+    counts = _open.get(server_state)
+    if host is None or counts is None or not counts[host]:
+        return
+    counts[host] -= 1
+    if not counts[host]:
+        del counts[host]
+
+
+def open_connections(server_state) -> dict[str, int]:
+    """The counted connections per client address (for tests and debugging)."""
+    return dict(_open.get(server_state, {}))
+
+
+class BoundedHttp(HttpToolsProtocol):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timer: asyncio.TimerHandle | None = None
+        self.counted_host: str | None = None  # the address this connection counts against, until it closes
+
+    # -- the connection --------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        host = self.client[0] if self.client else None
+        if not _admit(self.server_state, host):
+            log.warning("refused a connection from %s: it already holds %d (AIRLOCK_MAX_CONNECTIONS_PER_CLIENT)",
+                        host, Limits.per_client)
+            transport.write(REFUSED)
+            transport.close()
+            return
+        self.counted_host = host
+        self._arm()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        _release(self.server_state, self.counted_host)
+        self.counted_host = None
+        super().connection_lost(exc)
+
+    def handle_websocket_upgrade(self) -> None:
+        """The WebSocket protocol takes the connection over, and its count with it."""
+        self._disarm()
+        self.counted_host = None
+        super().handle_websocket_upgrade()
+
+    # -- a request's pace ------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self.timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm()  # a new request's first byte: its headers are due within the timeout
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm()  # its body, if any, may pause no longer than the timeout (on_message_complete ends it)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self.timer is not None:
+            self._arm()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self.timer = self.loop.call_later(Limits.timeout_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _too_slow(self) -> None:
+        self.timer = None
+        if not self.transport.is_closing():
+            log.info("closed a connection from %s: no whole request within %g s (AIRLOCK_CLIENT_TIMEOUT_S)",
+                     self.counted_host, Limits.timeout_s)
+            self.transport.close()
+
+
+class BoundedWebSocket(WebSocketsSansIOProtocol):
+    """Created only by BoundedHttp's upgrade, whose count it carries until the connection ends."""
+
+    def __init__(self, config, server_state, app_state, _loop=None):
+        super().__init__(config, server_state, app_state, _loop)
+        self.server_state = server_state
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.counted_host = self.client[0] if self.client else None
+        self.writes_paused = False
+        self.allowance, self.allowance_at = float(READ_BURST), self.loop.time()
+        self.throttle: asyncio.TimerHandle | None = None
+        self.held = bytearray()
+        connection = transport.get_extra_info("socket")
+        if connection is not None:
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, READ_BUFFER)
+
+    def connection_lost(self, exc) -> None:
+        if self.throttle is not None:
+            self.throttle.cancel()
+            self.throttle = None
+        self.held.clear()
+        super().connection_lost(exc)
+        _release(self.server_state, self.counted_host)
+        self.counted_host = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.writes_paused = True
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.writes_paused = False
+        self._resume()
+
+    def data_received(self, data: bytes) -> None:
+        if self.throttle is not None:  # over its allowance: held, unread, until it has refilled
+            self.held += data  # (one read's worth at most: reading is paused)
+            self.transport.pause_reading()
+            return
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        now = self.loop.time()
+        self.allowance = min(READ_BURST, self.allowance + (now - self.allowance_at) * READ_RATE) - len(data)
+        self.allowance_at = now
+        super().data_received(data)
+        if self.transport.is_closing():
+            return
+        if self.allowance < 0:
+            self.throttle = self.loop.call_later(-self.allowance / READ_RATE, self._unthrottle)
+        if self.writes_paused or self.throttle is not None:
+            # uvicorn resumes reading by itself when the application waits for a message: paused again
+            self.transport.pause_reading()
+
+    def _unthrottle(self) -> None:
+        self.throttle = None
+        held, self.held = bytes(self.held), bytearray()
+        if held and not self.transport.is_closing():
+            self._take(held)
+        self._resume()
+
+    def _resume(self) -> None:
+        """Read again, unless something else still holds reading: the writes, the allowance, or
+        uvicorn's own pause (the application has not taken the last message yet)."""
+        if not (self.writes_paused or self.throttle is not None or self.read_paused or self.transport.is_closing()):
+            self.transport.resume_reading()
