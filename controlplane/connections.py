@@ -7,20 +7,24 @@ with the bounds uvicorn leaves out (docs/architecture.md, "Admission").
   nothing at all, holds its connection for ever: about a thousand such connections take every
   descriptor of a server with the common limit, and nobody else gets in. Here a request's
   headers must arrive whole within `AIRLOCK_CLIENT_TIMEOUT_S` of the connection's start or of
-  the request's first byte, and its body may pause no longer than that between two pieces;
-  past it the connection is closed.
+  the request's first byte; its body may pause no longer than that, and must keep up
+  MIN_BODY_RATE on average (each piece buys time in proportion to its size, as Apache's
+  mod_reqtimeout MinRate does). Past either the connection is closed.
 - **Connections per client.** One client address holds at most
   `AIRLOCK_MAX_CONNECTIONS_PER_CLIENT` connections at once, its WebSockets included; one more is
   answered 429 and closed before a byte of it is read. 0 turns the count off (behind a proxy,
   every client has the proxy's address: the proxy limits them).
 - **What a WebSocket's client sends.** uvicorn reads a WebSocket as fast as its client writes and
   answers every ping at once: a client sending empty pings (6 bytes each) kept the event loop
-  busy parsing them, and every other request waited (a health check took 6.8 s), and one that
-  reads none of the pongs grew the server's memory. A client of Airlock's streams sends one small
-  message (its token) and keep-alive pongs, so a WebSocket's client may send READ_RATE bytes a
-  second after a READ_BURST; past it reading pauses until the allowance has refilled, and the
-  client waits in its own socket (which the kernel keeps small: READ_BUFFER). Reading also
-  stops while the server's writes to the client are above their high-water mark.
+  busy parsing them, and every other request waited (a health check took 6.8 s). A client of
+  Airlock's streams sends one small message (its token) and keep-alive pongs, so one client
+  address may send its WebSockets READ_RATE bytes a second after a READ_BURST, shared by all
+  its WebSockets and kept across reconnections (per connection when the count per address is
+  off); past it a WebSocket's reading pauses until the allowance has refilled, and the client
+  waits in its own socket (which the kernel keeps small: READ_BUFFER). The opening handshake is
+  not counted: it was an HTTP request, bounded above. Reading also stops while the server's
+  writes to the client are above their high-water mark. Per-message compression is off
+  (controlplane/serve.py): a 1 MiB message compressed to 1 KiB on the wire.
 """
 
 import asyncio
@@ -34,8 +38,9 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 log = logging.getLogger(__name__)
 
-READ_RATE = 1024  # bytes a second a WebSocket's client may send, after READ_BURST
-READ_BURST = 16 * 1024
+READ_RATE = 1024  # bytes a second one address may send its WebSockets, after READ_BURST
+READ_BURST = 8 * 1024
+MIN_BODY_RATE = 500  # bytes a second a request body must keep up, on average
 READ_BUFFER = 16 * 1024  # the kernel's receive buffer of a WebSocket: what one read may bring
 _REFUSAL = b"too many open connections from this address (AIRLOCK_MAX_CONNECTIONS_PER_CLIENT); close one\n"
 REFUSED = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\nretry-after: 1\r\n"
@@ -76,6 +81,51 @@ def _release(server_state, host: str | None) -> None:
         del counts[host]
 
 
+class Allowance:
+    """What a client may still send its WebSockets: READ_BURST, refilled at READ_RATE."""
+
+    def __init__(self, now: float):
+        self.left, self.at = float(READ_BURST), now
+
+    def take(self, size: int, now: float) -> float:
+        """Takes `size` bytes; returns what is left (below 0: in debt)."""
+        self.refill(now)
+        self.left -= size
+        return self.left
+
+    def refill(self, now: float) -> float:
+        self.left, self.at = min(READ_BURST, self.left + (now - self.at) * READ_RATE), now
+        return self.left
+
+
+_allowances: "weakref.WeakKeyDictionary[object, dict[str, Allowance]]" = weakref.WeakKeyDictionary()
+
+
+def _allowance(server_state, host: str | None, now: float) -> Allowance:
+    """The address's own, kept after its connections close (a reconnection gets no new burst);
+    one per connection when addresses are not counted."""
+    if host is None or not Limits.per_client:
+        return Allowance(now)
+    allowances = _allowances.setdefault(server_state, {})
+    if len(allowances) > 10_000:  # forget the addresses whose allowance is whole again
+        for name in [name for name, kept in allowances.items() if kept.refill(now) >= READ_BURST]:
+            del allowances[name]
+    return allowances.setdefault(host, Allowance(now))
+
+
+_refusals_logged: dict[str, float] = {}
+
+
+def _log_refusal(host: str, now: float) -> None:
+    """One line a minute per address: refusals are what an attacker can make many of."""
+    if now - _refusals_logged.get(host, -60.0) >= 60:
+        if len(_refusals_logged) > 10_000:
+            _refusals_logged.clear()
+        _refusals_logged[host] = now
+        log.warning("refusing connections from %s: it already holds %d (AIRLOCK_MAX_CONNECTIONS_PER_CLIENT)",
+                    host, Limits.per_client)
+
+
 def open_connections(server_state) -> dict[str, int]:
     """The counted connections per client address (for tests and debugging)."""
     return dict(_open.get(server_state, {}))
@@ -85,6 +135,7 @@ class BoundedHttp(HttpToolsProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.timer: asyncio.TimerHandle | None = None
+        self.body_due = 0.0  # (loop time) when the body under way must have come further
         self.counted_host: str | None = None  # the address this connection counts against, until it closes
 
     # -- the connection --------------------------------------------------------------------
@@ -92,8 +143,7 @@ class BoundedHttp(HttpToolsProtocol):
         super().connection_made(transport)
         host = self.client[0] if self.client else None
         if not _admit(self.server_state, host):
-            log.warning("refused a connection from %s: it already holds %d (AIRLOCK_MAX_CONNECTIONS_PER_CLIENT)",
-                        host, Limits.per_client)
+            _log_refusal(host, self.loop.time())
             transport.write(REFUSED)
             transport.close()
             return
@@ -118,22 +168,32 @@ class BoundedHttp(HttpToolsProtocol):
             self._arm()  # a new request's first byte: its headers are due within the timeout
         super().data_received(data)
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self.timer is None:  # (a request pipelined behind one under way)
+            self._arm()
+
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        self._arm()  # its body, if any, may pause no longer than the timeout (on_message_complete ends it)
+        # Its body, if any, is due at MIN_BODY_RATE, and may pause no longer than the timeout
+        # (on_message_complete ends the count).
+        self.body_due = self.loop.time() + Limits.timeout_s
+        self._arm()
 
     def on_body(self, body: bytes) -> None:
         super().on_body(body)
         if self.timer is not None:
-            self._arm()
+            now = self.loop.time()
+            self.body_due = min(self.body_due + len(body) / MIN_BODY_RATE, now + Limits.timeout_s)
+            self._arm(self.body_due - now)
 
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
 
-    def _arm(self) -> None:
+    def _arm(self, delay_s: float | None = None) -> None:
         self._disarm()
-        self.timer = self.loop.call_later(Limits.timeout_s, self._too_slow)
+        self.timer = self.loop.call_later(Limits.timeout_s if delay_s is None else delay_s, self._too_slow)
 
     def _disarm(self) -> None:
         if self.timer is not None:
@@ -159,7 +219,8 @@ class BoundedWebSocket(WebSocketsSansIOProtocol):
         super().connection_made(transport)
         self.counted_host = self.client[0] if self.client else None
         self.writes_paused = False
-        self.allowance, self.allowance_at = float(READ_BURST), self.loop.time()
+        self.allowance = _allowance(self.server_state, self.counted_host, self.loop.time())
+        self.handshake_read = False
         self.throttle: asyncio.TimerHandle | None = None
         self.held = bytearray()
         connection = transport.get_extra_info("socket")
@@ -186,29 +247,41 @@ class BoundedWebSocket(WebSocketsSansIOProtocol):
         self._resume()
 
     def data_received(self, data: bytes) -> None:
-        if self.throttle is not None:  # over its allowance: held, unread, until it has refilled
+        if not self.handshake_read:  # uvicorn hands over the upgrade request first: not counted
+            self.handshake_read = True
+            super().data_received(data)
+            return
+        if self.throttle is None:
+            left = self.allowance.refill(self.loop.time())
+            if left < 0:  # the address's other WebSockets have spent it
+                self.throttle = self.loop.call_later(-left / READ_RATE, self._unthrottle)
+        if self.throttle is not None:  # over the allowance: held, unread, until it has refilled
             self.held += data  # (one read's worth at most: reading is paused)
             self.transport.pause_reading()
             return
         self._take(data)
 
     def _take(self, data: bytes) -> None:
-        now = self.loop.time()
-        self.allowance = min(READ_BURST, self.allowance + (now - self.allowance_at) * READ_RATE) - len(data)
-        self.allowance_at = now
+        left = self.allowance.take(len(data), self.loop.time())
         super().data_received(data)
         if self.transport.is_closing():
             return
-        if self.allowance < 0:
-            self.throttle = self.loop.call_later(-self.allowance / READ_RATE, self._unthrottle)
+        if left < 0:
+            self.throttle = self.loop.call_later(-left / READ_RATE, self._unthrottle)
         if self.writes_paused or self.throttle is not None:
             # uvicorn resumes reading by itself when the application waits for a message: paused again
             self.transport.pause_reading()
 
     def _unthrottle(self) -> None:
         self.throttle = None
+        if self.transport.is_closing():
+            return
+        left = self.allowance.refill(self.loop.time())
+        if left < 0:  # the address's other WebSockets took it meanwhile
+            self.throttle = self.loop.call_later(-left / READ_RATE, self._unthrottle)
+            return
         held, self.held = bytes(self.held), bytearray()
-        if held and not self.transport.is_closing():
+        if held:
             self._take(held)
         self._resume()
 

@@ -91,7 +91,7 @@ def main(argv: list[str]) -> None:
         sys.exit(f"airlock: configuration error: {exc}")
     config = uvicorn.Config(
         options.application, host=options.bind, port=options.port, http=connections.BoundedHttp,
-        ws=connections.BoundedWebSocket,
+        ws=connections.BoundedWebSocket, ws_per_message_deflate=False,
         lifespan="on", log_config=None, access_log=options.access_log == "-", proxy_headers=False,
         server_header=False,
         ws_max_size=WEBSOCKET_MESSAGE_BYTES, timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACE_S,
