@@ -122,7 +122,7 @@ def _session_now(session_id, command_ids: set[str], since) -> tuple[dict, list[d
 class SessionConsumer(OneWayJsonConsumer):
     async def connect(self):
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
-        self.joined = False
+        self.joined = self.refused = False
         self.pending: list | None = None
         self.last_seq: int | None = None
         self.waiter: asyncio.Task | None = None
@@ -143,7 +143,7 @@ class SessionConsumer(OneWayJsonConsumer):
         if session is None and token is not None:
             session = await _session_for_token(token, self.session_id)
             if session is None:
-                await self.close(code=FORBIDDEN)
+                await self._refuse()
                 return
         if session is None:  # perhaps a first-message token: wait for it, briefly
             self.waiter = asyncio.create_task(self._close_later(AUTH_WAIT_S))
@@ -151,19 +151,29 @@ class SessionConsumer(OneWayJsonConsumer):
         await self._join()
 
     async def receive_json(self, content, **kwargs):
-        if self.joined:
+        if self.joined or self.refused:
             return  # the stream is one-way: nothing a subscriber sends is acted on
         if not isinstance(content, dict) or content.get("type") != "auth" or not isinstance(content.get("token"), str):
-            await self.close(code=FORBIDDEN)
+            await self._refuse()
             return
         if await _session_for_token(content["token"], self.session_id) is None:
-            await self.close(code=FORBIDDEN)
+            await self._refuse()
             return
         self.waiter.cancel()
         await self._join()
 
     async def _close_later(self, delay: float) -> None:
         await asyncio.sleep(delay)
+        self.waiter = None  # (this task: not cancelled by the refusal it makes)
+        await self._refuse()
+
+    async def _refuse(self) -> None:
+        """Close with 4403, once: a second close is an error to the server."""
+        if self.refused:
+            return
+        self.refused = True
+        if self.waiter is not None:
+            self.waiter.cancel()
         await self.close(code=FORBIDDEN)
 
     async def _join(self) -> None:

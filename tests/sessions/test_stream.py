@@ -9,6 +9,7 @@ from django.test import Client
 
 from controlplane.asgi import application
 from controlplane.roles import Role
+from sessions import consumers
 from sessions.models import CommandRun
 from sessions.runner import outbox
 
@@ -115,6 +116,20 @@ async def test_a_frame_that_is_not_json_closes_an_outsider_with_4403_and_is_igno
     events = await events_until(member, "command.exited")
     assert any(event.get("data") == "still here" for event in events)
     await member.disconnect()
+
+
+async def test_an_outsider_is_closed_once(async_agent, monkeypatch):
+    """A second close (a second bad message, or the token wait running out after the first) was an
+    error in a real server's log: 'Unexpected ASGI message websocket.close'."""
+    monkeypatch.setattr(consumers, "AUTH_WAIT_S", 0.3)
+    session = await sync_to_async(async_agent.open)()
+    outsider = communicator(session)
+    assert (await outsider.connect())[0]
+    await outsider.send_json_to({"type": "hello"})
+    assert (await outsider.receive_output(timeout=5))["code"] == 4403
+    await outsider.send_json_to({"type": "hello again"})  # sent before the close handshake ends
+    assert await outsider.receive_nothing(timeout=1)  # past the token wait too
+    await outsider.disconnect()
 
 
 async def test_outsiders_are_closed_with_4403(async_agent, globex, make_member, acme, bob):
