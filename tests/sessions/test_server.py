@@ -172,6 +172,20 @@ def _websocket(port: int, source: str = "127.0.0.1") -> socket.socket:
     return connection
 
 
+def test_a_websocket_to_no_stream_is_refused_and_logs_no_error():
+    with serving() as (url, _key, data, _server):
+        port = int(url.rsplit(":", 1)[1])
+        for path in ("/ws/nowhere/", "/ws/sessions/not-a-uuid/", "/static/app.js"):
+            with _connect(port) as connection:
+                connection.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                                   "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                                   "Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1\r\n\r\n".encode())
+                assert connection.recv(65536).startswith(b"HTTP/1.1 403 "), path
+        assert _healthy(port) == 200
+        log = (data / "server.log").read_text()
+        assert "Traceback" not in log and "No route found" not in log, log[-2000:]
+
+
 def test_one_client_address_cannot_take_every_connection():
     with serving(AIRLOCK_MAX_CONNECTIONS_PER_CLIENT="6") as (url, _key, _data, _server):
         port = int(url.rsplit(":", 1)[1])
