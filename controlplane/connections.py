@@ -126,11 +126,6 @@ def _log_refusal(host: str, now: float) -> None:
                     host, Limits.per_client)
 
 
-def open_connections(server_state) -> dict[str, int]:
-    """The counted connections per client address (for tests and debugging)."""
-    return dict(_open.get(server_state, {}))
-
-
 class BoundedHttp(HttpToolsProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -14,10 +14,10 @@ What the server must do, and where it is done (no library's internals are touche
 - The server's own runner starts with the server (ASGI lifespan), and a SIGTERM or SIGINT stops
   it before the server waits for its connections: its sessions end `failed` with the reason and
   their sandboxes are destroyed, and calls waiting for them are answered at once.
-- Slow clients and connection floods: a request's headers are due whole within
-  AIRLOCK_CLIENT_TIMEOUT_S, a client address holds at most AIRLOCK_MAX_CONNECTIONS_PER_CLIENT
-  connections, and a WebSocket whose client reads nothing is not read either
-  (`controlplane/connections.py`: uvicorn's protocols, subclassed).
+- Slow clients and floods (`controlplane/connections.py`: uvicorn's protocols, subclassed): a
+  request's headers are due whole within AIRLOCK_CLIENT_TIMEOUT_S and its body at a minimum
+  rate, a client address holds at most AIRLOCK_MAX_CONNECTIONS_PER_CLIENT connections, and its
+  WebSockets may send a small allowance a second (a stream's client sends a token and pongs).
 - No `Server` header, and proxy headers are left to Django (SECURE_PROXY_SSL_HEADER, set only
   behind a TLS proxy): uvicorn would otherwise believe X-Forwarded-* from loopback."""
 
