@@ -134,6 +134,16 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class OneLineSecurityEvents(logging.Filter):
+    """Django's security events (a forged Host header, a suspicious operation) as one line each,
+    without the traceback it attaches: anyone can cause them, ~40 lines a request otherwise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("django.security"):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def configured_secrets() -> tuple[str, ...]:
     """The secret values this deployment knows: its SECRET_KEY, database and Redis passwords,
     its audit key, its master keys, and AIRLOCK_REDACT_VALUES. None of them may ever appear in output, a record

@@ -346,8 +346,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "filters": {"redact": {"()": "controlplane.redaction.RedactingFilter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
+    "filters": {"redact": {"()": "controlplane.redaction.RedactingFilter"},
+                "security": {"()": "controlplane.redaction.OneLineSecurityEvents"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["security", "redact"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # Reconfigured, `django` loses its own handlers too: its records reach the console once, via the root.
     "loggers": {"django": {"level": LOG_LEVEL}},

@@ -172,7 +172,7 @@ def _websocket(port: int, source: str = "127.0.0.1") -> socket.socket:
     return connection
 
 
-def test_a_websocket_to_no_stream_is_refused_and_logs_no_error():
+def test_a_websocket_to_no_stream_and_a_forged_host_are_refused_and_log_no_traceback():
     with serving() as (url, _key, data, _server):
         port = int(url.rsplit(":", 1)[1])
         for path in ("/ws/nowhere/", "/ws/sessions/not-a-uuid/", "/static/app.js"):
@@ -181,9 +181,13 @@ def test_a_websocket_to_no_stream_is_refused_and_logs_no_error():
                                    "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                                    "Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1\r\n\r\n".encode())
                 assert connection.recv(65536).startswith(b"HTTP/1.1 403 "), path
+        with _connect(port) as connection:  # a Host this deployment does not serve: 400, one line logged
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: forged.example\r\n\r\n")
+            assert connection.recv(65536).startswith(b"HTTP/1.1 400 ")
         assert _healthy(port) == 200
         log = (data / "server.log").read_text()
         assert "Traceback" not in log and "No route found" not in log, log[-2000:]
+        assert "Invalid HTTP_HOST header: 'forged.example'" in log
 
 
 def test_one_client_address_cannot_take_every_connection():
