@@ -2,8 +2,8 @@
 (p50 / p95) alone, then while tenant B attacks: a FIFO read by 64 parallel callers (and reads
 queued behind a long command), an output flood (lines full of `password=` to redact), empty
 WebSocket pings sent as fast as 8 session streams take them, and 50 sessions opened at once,
-each running commands. Same server, same run; the ratio of A's p95 under
-each attack to A's p95 alone is printed with its verdict (target <= 2x).
+each running commands. Same server, same run; the ratio of A's p95 under each attack to A's p95
+alone is printed with its verdict (target <= 2x).
 
 Last, the floor below Airlock: the same contest as the 50 sessions, on the bubblewrap driver
 itself. A's `true` through the driver directly, alone and while as many sandboxes as B was
