@@ -162,13 +162,19 @@ def test_a_client_that_sends_its_request_too_slowly_holds_no_connection():
             connection.close()
 
 
-def _websocket(port: int, source: str = "127.0.0.1") -> socket.socket:
-    """A WebSocket handshake on a session's stream (accepted; it waits for a first-message token)."""
+def _handshake(port: int, path: str, source: str = "127.0.0.1") -> tuple[socket.socket, bytes]:
+    """A WebSocket handshake on `path`: the connection and the server's answer."""
     connection = _connect(port, source)
-    connection.sendall(f"GET /ws/sessions/{uuid.uuid4()}/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+    connection.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
                        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                        "Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1\r\n\r\n".encode())
-    assert connection.recv(65536).startswith(b"HTTP/1.1 101 ")
+    return connection, connection.recv(65536)
+
+
+def _websocket(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A session's stream, open (accepted; it waits for a first-message token)."""
+    connection, answer = _handshake(port, f"/ws/sessions/{uuid.uuid4()}/", source)
+    assert answer.startswith(b"HTTP/1.1 101 ")
     return connection
 
 
@@ -176,11 +182,9 @@ def test_a_websocket_to_no_stream_and_a_forged_host_are_refused_and_log_no_trace
     with serving() as (url, _key, data, _server):
         port = int(url.rsplit(":", 1)[1])
         for path in ("/ws/nowhere/", "/ws/sessions/not-a-uuid/", "/static/app.js"):
-            with _connect(port) as connection:
-                connection.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                                   "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                                   "Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1\r\n\r\n".encode())
-                assert connection.recv(65536).startswith(b"HTTP/1.1 403 "), path
+            connection, answer = _handshake(port, path)
+            connection.close()
+            assert answer.startswith(b"HTTP/1.1 403 "), path
         with _connect(port) as connection:  # a Host this deployment does not serve: 400, one line logged
             connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: forged.example\r\n\r\n")
             assert connection.recv(65536).startswith(b"HTTP/1.1 400 ")
