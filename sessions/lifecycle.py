@@ -122,6 +122,8 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
         _within_floor(tenant=tenant, version=version, conversation_id=conversation_id)
     if repository and repository not in allowed_repositories(tenant.slug):
         raise LifecycleError("invalid_request", f"{repository!r} is not an allowlisted repository", 400)
+    if repository and resume:  # a restore settles into an empty workspace (sessions/persistence/pack.py)
+        raise LifecycleError("invalid_request", "a session starts from a snapshot or from a checkout, not both", 400)
     resumed = _resume_claim(tenant=tenant, version=version, conversation_id=conversation_id, persist=persist,
                             resume=resume) if persist or resume else None
     reserve = admission.reserved_mb(version.document["limits"])

@@ -10,8 +10,10 @@ that stream as untrusted (tarstream.py). A file or directory its owner made unre
 is read by giving its owner read access for the moment, then its mode back. Nothing is written
 into the workspace, so a workspace at its quota packs too.
 
-Unpacking runs the sandbox's own GNU tar on a tar the host has already checked against its signed
-manifest (services.py): regular files and directories, relative paths, modes kept."""
+Unpacking runs the sandbox's own GNU tar into a stage, a directory of the workspace that no
+command sees (none runs before the session is ready), while the host checks the same bytes against
+the signed manifest (services.py): regular files and directories, relative paths, modes kept.
+`settle` then moves what the stage holds into place once every check holds, or removes it."""
 
 import dataclasses
 import json
@@ -167,6 +169,38 @@ except OSError as exc:
 """
 UNPACK_ARGV = ["/bin/tar", "--extract", "--file=-", "--directory", WORKSPACE, "--preserve-permissions",
                "--no-same-owner", "--no-overwrite-dir", "--warning=no-timestamp"]
+SETTLE_PROGRAM = r"""
+import os, stat, sys
+stage, keep = sys.argv[1], sys.argv[2] == "keep"
+if not os.path.lexists(stage):  # an empty tree: the tar made no stage
+    sys.exit(0)
+if keep:
+    for name in os.listdir(stage):
+        path, mode = stage + "/" + name, os.lstat(stage + "/" + name).st_mode
+        locked = stat.S_ISDIR(mode) and not mode & stat.S_IWUSR  # moving a directory rewrites its ".."
+        if locked:
+            os.chmod(path, stat.S_IMODE(mode) | stat.S_IWUSR)
+        os.rename(path, name)
+        if locked:
+            os.chmod(name, stat.S_IMODE(mode))
+    os.rmdir(stage)
+else:  # depth first, each directory opened to its owner before it is read
+    stack = [stage]
+    while stack:
+        path = stack[-1]
+        os.chmod(path, 0o700)
+        inner = []
+        for name in os.listdir(path):
+            child = path + "/" + name
+            if stat.S_ISDIR(os.lstat(child).st_mode):
+                inner.append(child)
+            else:
+                os.unlink(child)
+        if inner:
+            stack.extend(inner)
+        else:
+            os.rmdir(stack.pop())
+"""
 # The packer's errors, as the workspace's file operations name them (one table), and its own.
 ERRORS = {**{name: FILE_ERRORS[name] for name in ("ENOENT", "ELOOP", "ENOTDIR", "EACCES")},
           "EFBIG": ("too_large", "the files are larger than the policy's persistence.max_mb")}
@@ -245,10 +279,15 @@ def pack(driver: Driver, sandbox: Sandbox, roots: list[str], *, max_bytes: int,
     return PackResult(entries=entries, skipped=skipped[:1000], file_bytes=reader.file_bytes)
 
 
-def unpack(driver: Driver, sandbox: Sandbox, archive: Stdin) -> None:
-    """Extract a checked tar (bytes, or a file read from where it stands) into the workspace."""
+def unpack(driver: Driver, sandbox: Sandbox, archive: Stdin, *, stage: str | None) -> None:
+    """Extract a tar (bytes, or a file read from where it stands: a pipe too) into `stage`, a
+    directory of the workspace that it makes, which `settle` moves into place or removes; with
+    no stage, into the workspace itself (a tar checked whole beforehand)."""
+    # Every member under the stage (the tar holds no link); from a pipe, whole 1 MiB reads.
+    argv = [*UNPACK_ARGV, *([f"--transform=s|^|{stage}/|"] if stage else []), "--read-full-records",
+            "--blocking-factor=2048"]
     stderr, status = [], None
-    for item in driver.exec(_helper(sandbox, 1 << 20), UNPACK_ARGV, cwd=WORKSPACE, stdin=archive, egress=False):
+    for item in driver.exec(_helper(sandbox, 1 << 20), argv, cwd=WORKSPACE, stdin=archive, egress=False):
         if isinstance(item, Chunk):
             stderr.append(item.data)
         elif isinstance(item, ExitStatus):
@@ -260,3 +299,18 @@ def unpack(driver: Driver, sandbox: Sandbox, archive: Stdin) -> None:
                                  "(its policy's limits.disk_mb)")
         reason = status.reason if status else "no exit status"
         raise WorkspaceError("workspace_error", f"restoring the workspace failed ({reason}: {said[-300:]})")
+
+
+def settle(driver: Driver, sandbox: Sandbox, stage: str, *, keep: bool) -> None:
+    """Move what `unpack` left in `stage` into the workspace (`keep`), or remove it."""
+    argv = ["python3", "-I", "-S", "-c", SETTLE_PROGRAM, stage, "keep" if keep else "drop"]
+    said, status = [], None
+    for item in driver.exec(_helper(sandbox, 1 << 20), argv, cwd=WORKSPACE, egress=False):
+        if isinstance(item, Chunk):
+            said.append(item.data)
+        elif isinstance(item, ExitStatus):
+            status = item
+    if status is None or status.exit_code != 0:
+        reason = status.reason if status else "no exit status"
+        last = b"".join(said).decode(errors="replace").strip()[-300:]
+        raise WorkspaceError("workspace_error", f"restoring the workspace failed ({reason}: {last})")

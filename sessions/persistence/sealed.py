@@ -7,7 +7,8 @@ The key is derived from the tenant's data key with the salt and the object's id 
 no two blobs share a key and a blob copied under another object's name, or another tenant's, does
 not open. Each segment is authenticated on its own; the last one says so in its nonce, so a blob
 cut short, reordered or extended fails too. Encrypting streams (the tar arrives as it is made);
-decrypting streams too, and a restore checks all of it before anything is restored."""
+decrypting streams too, a segment handed on only once it has authenticated, and a restore keeps
+nothing until the last one has (services.unpack_checked)."""
 
 import os
 from collections.abc import Iterator

@@ -8,11 +8,12 @@ never touching the runner's disk in plaintext), then records the signed manifest
 Resuming one is checked twice, each check named by the decision's rule (`persistence.<check>`):
 the opener checks the claim from the database alone (`claim`: this tenant's and conversation's,
 signed, not expired, the policy's requirements), the runner then checks the bytes before a single
-one reaches the sandbox (`restore`: the signature again, the blob opens under this tenant's key for
-this object, every file's digest, size, mode and path is the manifest's, the root filesystem when
-the policy asks); the checked tar waits in a sealed memfd (never on a disk) until every check
-holds, then the sandbox's tar reads it. A failure is a `ProvenanceError`, which the opener
-records as a denial."""
+one is in place (`restore`: the signature again, the blob opens under this tenant's key for this
+object, every file's digest, size, mode and path is the manifest's, the root filesystem when the
+policy asks). Checking and unpacking run at once (`unpack_checked`): the sandbox's tar reads each
+segment once it has authenticated, into a stage no command sees, and the stage moves into the
+workspace only when every check holds. A failure is a `ProvenanceError`, which the opener records
+as a denial."""
 
 import contextlib
 import fcntl
@@ -20,8 +21,8 @@ import io
 import logging
 import os
 import queue
+import secrets
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import BinaryIO
@@ -38,10 +39,11 @@ from controlplane.models import Tenant
 from policies_app.document import Persistence
 from sessions.models import Artifact, CommandRun, Packed, Session, Snapshot
 from sessions.persistence import manifest as mf
-from sessions.persistence.pack import Unreadable, pack, unpack
+from sessions.persistence.pack import Unreadable, pack, settle, unpack
 from sessions.persistence.sealed import Sealer, Unsealable, unseal
 from sessions.persistence.tarstream import BadTar, TarReader
-from sessions.runtimes.base import Driver, Sandbox
+from sessions.runtimes.base import Driver, Sandbox, SandboxError
+from sessions.workspace import WorkspaceError
 
 log = logging.getLogger("airlock.persistence")
 KINDS = {"snapshot": Snapshot, "artifact": Artifact}
@@ -306,9 +308,9 @@ def check_manifest(row: Packed, *, now=None) -> TenantKey:
 
 def check_stored(row: Packed, key: TenantKey, *, into: BinaryIO | None = None) -> None:
     """Every check of the stored bytes: they open under this tenant's key, as this object, and
-    the tar's listing is the manifest's, entry by entry (path, type, mode, size, sha256). The
-    tar's bytes are written `into` a file as they are checked (nothing may read it before this
-    returns)."""
+    the tar's listing is the manifest's, entry by entry (path, type, mode, size, sha256). Each
+    segment is written `into` a file once it has authenticated, before the listing is compared:
+    what reads it keeps nothing until this returns (`unpack_checked`, `check_bytes`)."""
     reader = TarReader(max_bytes=max(row.plain_bytes, 0))
     try:
         with storage().open(row.blob_name, "rb") as handle:
@@ -336,19 +338,75 @@ def check_bytes(row: Packed, key: TenantKey) -> bytes:
     return archive.getvalue()
 
 
-@contextlib.contextmanager
-def checked_tar(row: Packed, key: TenantKey) -> Iterator[BinaryIO]:
-    """The stored tar, once every check holds, as a file in memory (a memfd: never on a disk)
-    sealed against writes, open read-only from its start: a sandbox's tar reads it as its
-    standard input, at the speed of a file rather than of a pipe."""
-    descriptor = os.memfd_create("airlock-restore", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)  # the sandbox sees its name
-    with open(descriptor, "wb") as written:
-        check_stored(row, key, into=written)
-        written.flush()
-        fcntl.fcntl(descriptor, fcntl.F_ADD_SEALS,
-                    fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
-        with open(f"/proc/self/fd/{descriptor}", "rb") as archive:
-            yield archive
+class _Pipe:
+    """The write end of the pipe the sandbox's tar reads, each piece written whole. Once the tar
+    has stopped reading (it failed, or its sandbox went), the rest is dropped: the check runs to
+    its end all the same, so a blob that fails a check is reported as such, whatever the tar did."""
+
+    def __init__(self, descriptor: int):
+        self.descriptor, self.gone = descriptor, False
+        with contextlib.suppress(OSError):  # fewer, larger hand-offs; the default 64 KiB works too
+            fcntl.fcntl(descriptor, fcntl.F_SETPIPE_SZ, 1 << 20)
+
+    def write(self, data) -> None:
+        view = memoryview(data)
+        try:
+            while view and not self.gone:
+                view = view[os.write(self.descriptor, view):]
+        except OSError:  # its reader went (EPIPE): a failed write is the tar's, never the blob's
+            self.gone = True
+
+
+def unpack_checked(driver: Driver, sandbox: Sandbox, row: Packed, key: TenantKey) -> None:
+    """Check the stored bytes and unpack them at once, then settle: the sandbox's tar reads each
+    segment as it authenticates (sealed.py), into a stage in the workspace, while this thread
+    checks the rest; what the stage holds moves into place only once every check of
+    `check_stored` holds and the tar has read it all, and goes otherwise. A failed check is
+    raised before anything the tar or the driver raised (a check cut short makes the tar fail).
+    A tree that fits the workspace but not with the stage is checked whole, then unpacked."""
+    stage = f".airlock-restore-{secrets.token_hex(8)}"
+    read_end, write_end = os.pipe()
+    pipe = _Pipe(write_end)
+    checked: list[BaseException | None] = []
+
+    def check() -> None:
+        try:
+            check_stored(row, key, into=pipe)
+            checked.append(None)
+        except BaseException as exc:  # handed to the caller below
+            checked.append(exc)
+        finally:
+            os.close(write_end)  # the tar's end of input, whole or cut short
+
+    checker = threading.Thread(target=check, name="airlock-restore-check", daemon=True)
+    checker.start()
+    unpacked: Exception | None = None
+    try:
+        with open(read_end, "rb", buffering=0) as archive:
+            unpack(driver, sandbox, archive, stage=stage)
+    except Exception as exc:  # WorkspaceError, SandboxError, OSError: raised below, after the check's own
+        unpacked = exc
+    finally:
+        checker.join()  # the read end is closed: a check still writing drops the rest
+    failure = checked[0] if checked else RuntimeError("the restore's check did not end")
+    if failure is None:
+        failure = unpacked
+    if failure is None and pipe.gone:  # the tar ended well before the archive did: never kept
+        failure = WorkspaceError("workspace_error", "restoring the workspace failed (the sandbox's tar stopped "
+                                 "reading before the archive's end)")
+    if failure is not None:
+        try:
+            settle(driver, sandbox, stage, keep=False)
+        except (WorkspaceError, SandboxError, OSError):
+            raise failure from None  # its sandbox is destroyed anyway
+        fits = row.plain_bytes <= sandbox.spec.limits.disk_mb << 20
+        if getattr(failure, "code", None) != "quota_exceeded" or checked[0] is not None or not fits:
+            raise failure
+        # Every check held and its bytes fit, yet it did not: the stage takes one inode more than a
+        # workspace full of files had. Checked whole again (the blob is read anew), then unpacked in place.
+        unpack(driver, sandbox, check_bytes(row, key), stage=None)
+        return
+    settle(driver, sandbox, stage, keep=True)
 
 
 def claim(*, tenant: Tenant, conversation_id: str, resume: str, policy_name: str, policy: Persistence) -> Snapshot:
@@ -387,8 +445,7 @@ def restore(driver: Driver, sandbox: Sandbox, row: Snapshot, *, require_rootfs: 
         raise ProvenanceError("provenance_mismatch", "same_rootfs", f"snapshot {row.id} was made on root filesystem "
                               f"{row.manifest.get('rootfs_digest') or 'unknown'}, this session runs "
                               f"{sandbox.rootfs_digest} (persistence.resume_same_rootfs)")
-    with checked_tar(row, key) as archive:
-        unpack(driver, sandbox, archive)
+    unpack_checked(driver, sandbox, row, key)
 
 
 def verify(row: Packed) -> dict:

@@ -10,6 +10,7 @@ taken as its bytes pass, without keeping them: the listing (`entries`) is what a
 and what a restore compares the stored tar with."""
 
 import hashlib
+import zlib
 
 from sessions.workspace import normalize_path
 
@@ -31,6 +32,12 @@ def _octal(field: bytes, what: str) -> int:
     if text.translate(None, b"01234567"):
         raise BadTar(f"a header's {what} is not an octal number")
     return int(text, 8) if text else 0
+
+
+def _byte_sum(block: bytes) -> int:
+    """sum(block), six times as fast: Adler-32's low half is 1 + the sum of the bytes modulo
+    65521, and 256 bytes sum to at most 65280, so each half of a block gives its sum exactly."""
+    return (zlib.adler32(block[:256]) & 0xFFFF) + (zlib.adler32(block[256:]) & 0xFFFF) - 2
 
 
 class TarReader:
@@ -113,7 +120,7 @@ class TarReader:
             self._ended = True
             return
         checksum = _octal(block[148:156], "checksum")
-        if checksum != sum(block) - sum(block[148:156]) + 256:  # its own field counts as spaces
+        if checksum != _byte_sum(block) - sum(block[148:156]) + 256:  # its own field counts as spaces
             raise BadTar("a header's checksum does not match")
         kind = block[156:157]
         size = _octal(block[124:136], "size")

@@ -291,6 +291,7 @@ class RunnerService:
             # existed could not destroy it, so it is destroyed here (after any release in flight).
             if live.releasing is not None:
                 await asyncio.shield(live.releasing)
+            await self._snapshot_at_end(live)  # none is taken: its snapshot_error says why
             await self.blocking(live.driver.destroy, live.sandbox)
             if self.live.get(session_id) is live:
                 del self.live[session_id]
@@ -377,6 +378,10 @@ class RunnerService:
         """A persistent session that ended or expired leaves its workspace as a snapshot; why not,
         when it could not, is kept on the session (`snapshot_error`)."""
         if not live.persist or live.sandbox is None or not await self.db(records.snapshot_wanted, session_id=live.id):
+            return
+        if live.worker is None:  # ended while it was created: its workspace was never its own (a restore in flight)
+            await self.db(records.snapshot_failed, session_id=live.id,
+                          detail="no snapshot was taken: the session ended before it was ready")
             return
         try:
             await self._take(live, "snapshot", [""], actor=f"session:{live.id}")

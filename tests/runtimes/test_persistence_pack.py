@@ -1,18 +1,23 @@
 """Packing and unpacking a workspace on every driver (sessions/persistence/pack.py): what one
 sandbox packs, sealed and opened again, unpacks whole in another; links and FIFOs stay out."""
 
+import contextlib
 import io
 import os
 import tarfile
 import tempfile
+import uuid
+from types import SimpleNamespace
 
 import pytest
 
 from controlplane.keys import TenantKey
-from sessions.persistence.pack import pack, unpack
+from sessions.persistence import services as persistence
+from sessions.persistence.pack import pack, settle, unpack
 from sessions.persistence.sealed import Sealer, unseal
 from sessions.persistence.tarstream import BadTar, TarReader
 from sessions.runtimes.base import ExitStatus
+from sessions.workspace import WorkspaceError
 
 TREE = """
 import os
@@ -46,13 +51,179 @@ def test_a_workspace_packed_in_one_sandbox_unpacks_whole_in_another(driver, make
     reader = TarReader(8 << 20)
     reader.feed(archive)
     assert reader.close() == packed.entries  # what is stored is exactly what the manifest lists
-    with tempfile.TemporaryFile() as file:  # a restore hands the driver a file (services.checked_tar)
+    with tempfile.TemporaryFile() as file:
         file.write(archive)
         file.seek(0)
-        unpack(driver, target, file)
+        unpack(driver, target, file, stage=".stage")
+    assert _run(driver, target, "import os; print(os.listdir())") == b"['.stage']\n"  # nothing in place yet
+    settle(driver, target, ".stage", keep=True)
     assert _run(driver, target, SHOW) == _run(driver, source, SHOW)
     assert _run(driver, target, "import os; print(os.path.lexists('link'), os.path.lexists('fifo'))") == \
         b"False False\n"
+
+
+# Three 1 MiB segments and more, a directory its owner cannot write at the top (moving it into
+# place rewrites its ".."), and the last file the last in the tar: its digest is checked last.
+BIG_TREE = """
+import os
+os.makedirs("big/inner", exist_ok=True)
+for i in range(3):
+    open(f"big/inner/part{i}", "wb").write(os.urandom(1 << 20))
+os.makedirs("sealed/deep", exist_ok=True)
+open("sealed/deep/note", "w").write("kept")
+os.chmod("sealed/deep", 0o500)
+os.chmod("sealed", 0o500)
+open("zlast", "w").write("the last file")
+"""
+LIST = """
+import os
+out = []
+for root, dirs, files in os.walk("."):
+    out += sorted(os.path.join(root, n)[2:] + ("/" if n in dirs else "") for n in dirs + files)
+print(sorted(out))
+"""
+
+
+@pytest.fixture
+def stored(driver, make_sandbox):
+    """A workspace taken as a restore finds it (services.take), its source, and the row and key."""
+    source = make_sandbox(disk_mb=64)
+    _run(driver, source, BIG_TREE)
+    key = TenantKey(tenant_id=1, version=1, key=os.urandom(32))
+    object_id = str(uuid.uuid4())
+    plan = persistence.Plan(kind="snapshot", object_id=object_id, tenant_id=1, key=key,
+                            manifest={"v": 1, "kind": "snapshot", "id": object_id}, max_bytes=32 << 20)
+    taken = persistence.take(driver, source, plan, [""])
+    row = SimpleNamespace(id=object_id, blob_name=taken.blob_name, plain_bytes=taken.plain_bytes,
+                          manifest=taken.manifest)
+    yield source, row, key
+    persistence.storage().delete(taken.blob_name)
+
+
+def test_a_checked_restore_brings_the_workspace_back_whole(driver, make_sandbox, stored):
+    source, row, key = stored
+    target = make_sandbox(disk_mb=64)
+    persistence.unpack_checked(driver, target, row, key)
+    assert _run(driver, target, LIST) == _run(driver, source, LIST)
+    assert _run(driver, target, "import os; print(oct(os.stat('sealed').st_mode & 0o777), open('zlast').read())") \
+        == b"0o500 the last file\n"
+
+
+def test_a_restore_that_fails_its_checks_leaves_nothing_in_the_workspace(driver, make_sandbox, stored):
+    """The sandbox's tar unpacks segments as they authenticate, before the last one and before
+    the digests are compared: whatever it unpacked goes, and nothing was ever in place."""
+    _, row, key = stored
+    store = persistence.storage()
+    with store.open(row.blob_name, "rb") as handle:
+        blob = bytearray(handle.read())
+    good = bytes(blob)
+    blob[-100] ^= 1  # in the last segment: three have reached the tar
+    with open(store.path(row.blob_name), "wb") as handle:
+        handle.write(blob)
+    target = make_sandbox(disk_mb=64)
+    with pytest.raises(persistence.ProvenanceError) as refused:
+        persistence.unpack_checked(driver, target, row, key)
+    assert refused.value.rule_id == "persistence.blob"
+    assert _run(driver, target, "import os; print(os.listdir())") == b"[]\n"
+
+    with open(store.path(row.blob_name), "wb") as handle:  # whole again, but the last file's digest is not
+        handle.write(good)
+    assert row.manifest["files"][-1]["path"] == "zlast"
+    row.manifest["files"][-1]["sha256"] = "0" * 64
+    target = make_sandbox(disk_mb=64)
+    with pytest.raises(persistence.ProvenanceError) as refused:
+        persistence.unpack_checked(driver, target, row, key)
+    assert refused.value.rule_id == "persistence.digest"
+    assert _run(driver, target, "import os; print(os.listdir())") == b"[]\n"
+
+
+def _reader_that_stops(code: int):
+    """In place of `unpack`: a tar that reads 64 KiB of the archive, then exits with `code`."""
+    def unpack(driver, sandbox, archive, *, stage):
+        argv = ["python3", "-c", f"import sys; sys.stdin.buffer.read(65536); sys.exit({code})"]
+        status = list(driver.exec(sandbox, argv, stdin=archive, egress=False))[-1]
+        if status.exit_code != 0:
+            raise WorkspaceError("workspace_error", f"the tar failed ({status.exit_code})")
+    return unpack
+
+
+def test_a_failed_check_is_reported_even_when_the_tar_stopped_first(driver, make_sandbox, stored, monkeypatch):
+    """The tar failing early (its quota, its sandbox gone) must not hide a blob that fails its
+    checks behind the tar's error: the check runs to its end, and a tar that stopped reading
+    early never has its stage kept, even when it exits 0."""
+    _, row, key = stored
+    store = persistence.storage()
+    with store.open(row.blob_name, "rb") as handle:
+        good = handle.read()
+    tampered = bytearray(good)
+    tampered[-100] ^= 1
+    with open(store.path(row.blob_name), "wb") as handle:
+        handle.write(tampered)
+    monkeypatch.setattr(persistence, "unpack", _reader_that_stops(2))
+    with pytest.raises(persistence.ProvenanceError) as refused:
+        persistence.unpack_checked(driver, make_sandbox(disk_mb=64), row, key)
+    assert refused.value.rule_id == "persistence.blob"
+
+    with open(store.path(row.blob_name), "wb") as handle:
+        handle.write(good)
+    monkeypatch.setattr(persistence, "unpack", _reader_that_stops(0))
+    target = make_sandbox(disk_mb=64)
+    stopped = "stopped reading before the archive's end"
+    with pytest.raises(WorkspaceError, match=stopped) if driver.name == "bubblewrap" \
+            else contextlib.nullcontext():  # Docker's driver reads the whole input before the command starts
+        persistence.unpack_checked(driver, target, row, key)
+    assert _run(driver, target, "import os; print(os.listdir())") == b"[]\n"
+
+
+FILL_INODES = """
+import os
+n = 0
+try:
+    while True:
+        open(f"f{n}", "w").close()
+        n += 1
+except OSError as exc:
+    print(exc.errno, n)
+"""
+
+
+def test_a_workspace_full_of_files_restores(driver, make_sandbox):
+    """Its inodes all taken: the stage a restore unpacks into would need one more, so the
+    restore checks the whole tar first and unpacks it in place (services.unpack_checked)."""
+    if driver.name == "gvisor":
+        pytest.skip("gVisor's tmpfs has no inode limit (its memory limit bounds it)")
+    source = make_sandbox(disk_mb=1)
+    errno_, files = _run(driver, source, FILL_INODES).split()
+    assert errno_ == b"28"  # ENOSPC
+    key = TenantKey(tenant_id=1, version=1, key=os.urandom(32))
+    object_id = str(uuid.uuid4())
+    plan = persistence.Plan(kind="snapshot", object_id=object_id, tenant_id=1, key=key,
+                            manifest={"v": 1, "kind": "snapshot", "id": object_id}, max_bytes=1 << 20)
+    taken = persistence.take(driver, source, plan, [""])
+    try:
+        target = make_sandbox(disk_mb=1)
+        persistence.unpack_checked(driver, target, SimpleNamespace(
+            id=object_id, blob_name=taken.blob_name, plain_bytes=taken.plain_bytes, manifest=taken.manifest), key)
+        assert _run(driver, target, "import os; print(len(os.listdir()))") == files + b"\n"
+    finally:
+        persistence.storage().delete(taken.blob_name)
+
+
+def test_a_tree_larger_than_the_workspace_is_refused_without_a_second_read(driver, make_sandbox, stored,
+                                                                            monkeypatch):
+    """Its bytes alone are more than the workspace holds: the inode fallback above would only
+    read and check the whole blob again to fail the same way."""
+    _, row, key = stored
+
+    def read_again(*args):
+        raise AssertionError("the blob was read a second time")
+
+    monkeypatch.setattr(persistence, "check_bytes", read_again)
+    target = make_sandbox(disk_mb=1)
+    with pytest.raises(WorkspaceError) as refused:
+        persistence.unpack_checked(driver, target, row, key)
+    assert refused.value.code == "quota_exceeded"
+    assert _run(driver, target, "import os; print(os.listdir())") == b"[]\n"
 
 
 def test_links_with_long_names_or_targets_are_left_out_and_the_rest_packs(driver, make_sandbox):
@@ -117,3 +288,13 @@ def test_a_number_that_is_not_plain_octal_is_refused():
     for size in (b"-0000000012\0", b"00000000_12\0", b"+0000000012\0", b" 0x000000a\0"):
         with pytest.raises(BadTar, match="not an octal number"):
             _read(_with_field(archive, 124, size))
+
+
+def test_a_header_whose_checksum_does_not_add_up_is_refused():
+    archive = _tar((tarfile.TarInfo("f" * 99), b"x" * 700), format=tarfile.GNU_FORMAT)
+    assert [entry["path"] for entry in _read(archive)] == ["f" * 99]
+    for start, value in ((0, b"g"), (300, b"\xff"), (511, b"\x01")):  # a byte changed, the checksum kept
+        altered = bytearray(archive)
+        altered[start:start + 1] = value
+        with pytest.raises(BadTar, match="checksum does not match"):
+            _read(bytes(altered))

@@ -14,6 +14,7 @@ from django.utils import timezone
 from controlplane.keys import key_version
 from controlplane.models import ApiKeyScope, AuditEvent, DataKey
 from policies_app.models import DecisionRecord
+from sessions import lifecycle
 from sessions.models import Artifact, Session, Snapshot
 from sessions.persistence import manifest as mf
 from sessions.persistence import services as persistence
@@ -304,3 +305,51 @@ def test_the_whole_workspace_path_leaves_links_and_fifos_out(keeper):
     second = _resume(keeper, "latest").json()
     tree = _tree(keeper, second)
     assert "pipe" not in tree and "dirlink" not in tree and tree["run.sh"][1] == 0o750
+
+
+@pytest.mark.parametrize(("checks", "told"), [("hold", True), ("fail", True), ("hold", False)])
+def test_a_session_ended_while_its_restore_runs_leaves_no_snapshot(keeper, monkeypatch, checks, told):
+    """Its owner ends it after the tar has unpacked, before the stage is settled: what the stage
+    holds was never the session's workspace (and, when a check failed, never checked), so no
+    snapshot is taken of it; the conversation's latest stays what it was. Its runner may be told
+    (a release) or find out only when the session will not become ready: either way the session
+    says why it has no snapshot."""
+    _, snapshot = _snapshot_of(keeper)
+    if checks == "fail":
+        store = storages["persistence"]
+        with store.open(snapshot.blob_name, "rb") as handle:
+            blob = bytearray(handle.read())
+        blob[-100] ^= 1
+        with open(store.path(snapshot.blob_name), "wb") as handle:
+            handle.write(blob)
+    settle = persistence.settle
+
+    def ended_first(driver, sandbox, stage, *, keep):
+        creating = Session.objects.get(state="creating", conversation_id="conv-1")
+        if told:
+            lifecycle.session_stop(session=creating, state="ended", actor=None, reason="ended by its owner")
+        else:
+            lifecycle.session_finish(session_id=creating.pk, state="ended", reason="ended by its owner")
+        return settle(driver, sandbox, stage, keep=keep)
+
+    monkeypatch.setattr(persistence, "settle", ended_first)
+    response = keeper.client.post("/api/v1/sessions", {"conversation_id": "conv-1", "resume": "latest",
+                                                       "persist": True}, content_type="application/json")
+    assert response.status_code != 201, response.content
+    assert list(Snapshot.objects.filter(conversation_id="conv-1")) == [snapshot]
+    ended = Session.objects.get(resumed_from=snapshot)
+    assert "ended before it was ready" in ended.snapshot_error
+
+
+def test_a_session_starts_from_a_snapshot_or_a_checkout_never_both(keeper, acme, settings):
+    """A restore moves its stage into an empty workspace: the API refuses both, and so does the
+    session's opening for any caller that does not pass through the API."""
+    settings.AIRLOCK_WORKSPACE_REPOS = [("demo", "/nonexistent")]
+    both = keeper.client.post("/api/v1/sessions", {"conversation_id": "conv-1", "resume": "latest",
+                                                   "workspace": {"repo": "demo"}}, content_type="application/json")
+    assert both.status_code == 400 and "resume" in both.json()["fields"]
+    with pytest.raises(lifecycle.LifecycleError) as refused:
+        lifecycle.session_open(tenant=acme, conversation_id="conv-1", policy_name="default", repository="demo",
+                               actor_label="test", resume="latest")
+    assert refused.value.status == 400 and "not both" in str(refused.value)
+    assert not Session.objects.filter(conversation_id="conv-1").exists()
