@@ -12,8 +12,9 @@ into the workspace, so a workspace at its quota packs too.
 
 Unpacking runs the sandbox's own GNU tar into a stage, a directory of the workspace that no
 command sees (none runs before the session is ready), while the host checks the same bytes against
-the signed manifest (services.py): regular files and directories, relative paths, modes kept.
-`settle` then moves what the stage holds into place once every check holds, or removes it."""
+the signed manifest (services.py; on Docker the driver takes the whole input first): regular files
+and directories, relative paths, modes kept. `settle` then moves what the stage holds into place
+once every check holds, or removes it."""
 
 import dataclasses
 import json
@@ -24,7 +25,7 @@ from sessions.runtimes.base import WORKSPACE, Chunk, Driver, ExitStatus, Sandbox
 from sessions.workspace import ERRORS as FILE_ERRORS
 from sessions.workspace import WorkspaceError
 
-HELPER_TIMEOUT_S = 300  # packing or unpacking a large workspace: longer than a command may take
+HELPER_TIMEOUT_S = 300  # packing or unpacking (its check included) a large workspace: longer than a command may take
 PACK_PROGRAM = r"""
 import errno, json, os, stat, sys
 limit, roots = int(sys.argv[1]), json.loads(sys.argv[2])

@@ -339,9 +339,9 @@ def check_bytes(row: Packed, key: TenantKey) -> bytes:
 
 
 class _Pipe:
-    """The write end of the pipe the sandbox's tar reads, each piece written whole. Once the tar
-    has stopped reading (it failed, or its sandbox went), the rest is dropped: the check runs to
-    its end all the same, so a blob that fails a check is reported as such, whatever the tar did."""
+    """The write end of the pipe the sandbox's tar reads, each piece written whole. Should its
+    reader go (EPIPE), the rest is dropped: the check runs to its end all the same, so a blob that
+    fails a check is reported as such, whatever the tar did."""
 
     def __init__(self, descriptor: int):
         self.descriptor, self.gone = descriptor, False
@@ -353,57 +353,75 @@ class _Pipe:
         try:
             while view and not self.gone:
                 view = view[os.write(self.descriptor, view):]
-        except OSError:  # its reader went (EPIPE): a failed write is the tar's, never the blob's
+        except OSError:  # a failed write is the tar's, never the blob's
             self.gone = True
+
+
+def _unread(archive: BinaryIO) -> int:
+    """Bytes of the archive its reader left, read to the end (the check writes all of it)."""
+    left = 0
+    while piece := archive.read(1 << 20):
+        left += len(piece)
+    return left
+
+
+def _pages(row: Packed) -> int:
+    """What its files take on a tmpfs workspace: each a whole number of 4 KiB pages."""
+    return sum(-(-int(entry.get("size", 0)) // 4096) * 4096 for entry in row.manifest.get("files", [])
+               if entry.get("type") == "file")
 
 
 def unpack_checked(driver: Driver, sandbox: Sandbox, row: Packed, key: TenantKey) -> None:
     """Check the stored bytes and unpack them at once, then settle: the sandbox's tar reads each
-    segment as it authenticates (sealed.py), into a stage in the workspace, while this thread
+    segment as it authenticates (sealed.py), into a stage in the workspace, while another thread
     checks the rest; what the stage holds moves into place only once every check of
-    `check_stored` holds and the tar has read it all, and goes otherwise. A failed check is
-    raised before anything the tar or the driver raised (a check cut short makes the tar fail).
-    A tree that fits the workspace but not with the stage is checked whole, then unpacked."""
+    `check_stored` holds and the tar has exited 0 having read the whole archive, and goes
+    otherwise. (Where the driver hands the command the pipe itself, bubblewrap's, what the tar
+    left unread is counted here; Docker's reads the whole input before the command starts, and
+    the sandbox's GNU tar reads its input to the end.) A failed check is raised before anything
+    the tar or the driver raised (a check cut short makes the tar fail). A tree that fits the
+    workspace but not with the stage is checked whole, then unpacked in place. Should the last
+    step (settle, or that unpack) fail part way, the session fails and its sandbox goes."""
     stage = f".airlock-restore-{secrets.token_hex(8)}"
     read_end, write_end = os.pipe()
-    pipe = _Pipe(write_end)
     checked: list[BaseException | None] = []
 
     def check() -> None:
         try:
-            check_stored(row, key, into=pipe)
+            check_stored(row, key, into=_Pipe(write_end))
             checked.append(None)
         except BaseException as exc:  # handed to the caller below
             checked.append(exc)
         finally:
             os.close(write_end)  # the tar's end of input, whole or cut short
 
-    checker = threading.Thread(target=check, name="airlock-restore-check", daemon=True)
-    checker.start()
-    unpacked: Exception | None = None
-    try:
-        with open(read_end, "rb", buffering=0) as archive:
+    with open(read_end, "rb", buffering=0) as archive:
+        try:
+            threading.Thread(target=check, name="airlock-restore-check", daemon=True).start()
+        except BaseException:
+            os.close(write_end)
+            raise
+        unpacked: Exception | None = None
+        try:
             unpack(driver, sandbox, archive, stage=stage)
-    except Exception as exc:  # WorkspaceError, SandboxError, OSError: raised below, after the check's own
-        unpacked = exc
-    finally:
-        checker.join()  # the read end is closed: a check still writing drops the rest
-    failure = checked[0] if checked else RuntimeError("the restore's check did not end")
-    if failure is None:
-        failure = unpacked
-    if failure is None and pipe.gone:  # the tar ended well before the archive did: never kept
-        failure = WorkspaceError("workspace_error", "restoring the workspace failed (the sandbox's tar stopped "
-                                 "reading before the archive's end)")
+        except Exception as exc:  # WorkspaceError, SandboxError, OSError: raised below, after the check's own
+            unpacked = exc
+        finally:
+            unread = _unread(archive)  # to its end: the check has then closed its end, and appended
+    failure = checked[0] or unpacked
+    if failure is None and unread:  # the tar ended before the archive did: never kept
+        failure = WorkspaceError("workspace_error", f"restoring the workspace failed (the sandbox's tar left the "
+                                 f"archive's last {unread} bytes unread)")
     if failure is not None:
         try:
             settle(driver, sandbox, stage, keep=False)
         except (WorkspaceError, SandboxError, OSError):
             raise failure from None  # its sandbox is destroyed anyway
-        fits = row.plain_bytes <= sandbox.spec.limits.disk_mb << 20
+        fits = _pages(row) <= sandbox.spec.limits.disk_mb << 20
         if getattr(failure, "code", None) != "quota_exceeded" or checked[0] is not None or not fits:
             raise failure
-        # Every check held and its bytes fit, yet it did not: the stage takes one inode more than a
-        # workspace full of files had. Checked whole again (the blob is read anew), then unpacked in place.
+        # Every check held and its files fit, yet it did not: the stage takes one inode more than
+        # a workspace full of files had. Checked whole again (the blob is read anew), then unpacked in place.
         unpack(driver, sandbox, check_bytes(row, key), stage=None)
         return
     settle(driver, sandbox, stage, keep=True)

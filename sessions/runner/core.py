@@ -379,7 +379,7 @@ class RunnerService:
         when it could not, is kept on the session (`snapshot_error`)."""
         if not live.persist or live.sandbox is None or not await self.db(records.snapshot_wanted, session_id=live.id):
             return
-        if live.worker is None:  # ended while it was created: its workspace was never its own (a restore in flight)
+        if live.worker is None:  # ended while it was created: its workspace is not whole (a checkout, a restore)
             await self.db(records.snapshot_failed, session_id=live.id,
                           detail="no snapshot was taken: the session ended before it was ready")
             return

@@ -1,7 +1,6 @@
 """Packing and unpacking a workspace on every driver (sessions/persistence/pack.py): what one
 sandbox packs, sealed and opened again, unpacks whole in another; links and FIFOs stay out."""
 
-import contextlib
 import io
 import os
 import tarfile
@@ -84,20 +83,25 @@ print(sorted(out))
 """
 
 
+def _taken(driver, source, key: TenantKey, max_bytes: int) -> SimpleNamespace:
+    """The source's workspace taken as a snapshot (services.take), as a restore finds its row."""
+    object_id = str(uuid.uuid4())
+    plan = persistence.Plan(kind="snapshot", object_id=object_id, tenant_id=1, key=key,
+                            manifest={"v": 1, "kind": "snapshot", "id": object_id}, max_bytes=max_bytes)
+    taken = persistence.take(driver, source, plan, [""])
+    return SimpleNamespace(id=object_id, blob_name=taken.blob_name, plain_bytes=taken.plain_bytes,
+                           manifest=taken.manifest)
+
+
 @pytest.fixture
 def stored(driver, make_sandbox):
-    """A workspace taken as a restore finds it (services.take), its source, and the row and key."""
+    """BIG_TREE's workspace taken as a snapshot: its source, and the row and key."""
     source = make_sandbox(disk_mb=64)
     _run(driver, source, BIG_TREE)
     key = TenantKey(tenant_id=1, version=1, key=os.urandom(32))
-    object_id = str(uuid.uuid4())
-    plan = persistence.Plan(kind="snapshot", object_id=object_id, tenant_id=1, key=key,
-                            manifest={"v": 1, "kind": "snapshot", "id": object_id}, max_bytes=32 << 20)
-    taken = persistence.take(driver, source, plan, [""])
-    row = SimpleNamespace(id=object_id, blob_name=taken.blob_name, plain_bytes=taken.plain_bytes,
-                          manifest=taken.manifest)
+    row = _taken(driver, source, key, 32 << 20)
     yield source, row, key
-    persistence.storage().delete(taken.blob_name)
+    persistence.storage().delete(row.blob_name)
 
 
 def test_a_checked_restore_brings_the_workspace_back_whole(driver, make_sandbox, stored):
@@ -137,11 +141,14 @@ def test_a_restore_that_fails_its_checks_leaves_nothing_in_the_workspace(driver,
     assert _run(driver, target, "import os; print(os.listdir())") == b"[]\n"
 
 
-def _reader_that_stops(code: int):
-    """In place of `unpack`: a tar that reads 64 KiB of the archive, then exits with `code`."""
+def _reader_that_stops(code: int, *, read: int = 65536):
+    """In place of `unpack`: a tar that makes its stage and a file in it, reads `read` bytes of
+    the archive, then exits with `code`."""
     def unpack(driver, sandbox, archive, *, stage):
-        argv = ["python3", "-c", f"import sys; sys.stdin.buffer.read(65536); sys.exit({code})"]
-        status = list(driver.exec(sandbox, argv, stdin=archive, egress=False))[-1]
+        program = (f"import os, sys; os.makedirs({stage!r}); open({stage!r} + '/part', 'w').write('x')\n"
+                   f"left = {read}\nwhile left > 0:\n"
+                   f"    left -= len(os.read(0, min(left, 65536)) or b'x' * left)\nsys.exit({code})")
+        status = list(driver.exec(sandbox, ["python3", "-c", program], stdin=archive, egress=False))[-1]
         if status.exit_code != 0:
             raise WorkspaceError("workspace_error", f"the tar failed ({status.exit_code})")
     return unpack
@@ -149,28 +156,49 @@ def _reader_that_stops(code: int):
 
 def test_a_failed_check_is_reported_even_when_the_tar_stopped_first(driver, make_sandbox, stored, monkeypatch):
     """The tar failing early (its quota, its sandbox gone) must not hide a blob that fails its
-    checks behind the tar's error: the check runs to its end, and a tar that stopped reading
-    early never has its stage kept, even when it exits 0."""
+    checks behind the tar's error: the check runs to its end, and what the tar unpacked goes."""
     _, row, key = stored
     store = persistence.storage()
     with store.open(row.blob_name, "rb") as handle:
-        good = handle.read()
-    tampered = bytearray(good)
+        tampered = bytearray(handle.read())
     tampered[-100] ^= 1
     with open(store.path(row.blob_name), "wb") as handle:
         handle.write(tampered)
     monkeypatch.setattr(persistence, "unpack", _reader_that_stops(2))
+    target = make_sandbox(disk_mb=64)
+    with pytest.raises(persistence.ProvenanceError) as refused:
+        persistence.unpack_checked(driver, target, row, key)
+    assert refused.value.rule_id == "persistence.blob"
+    assert _run(driver, target, "import os; print(os.listdir())") == b"[]\n"
+
+
+def test_a_failed_check_is_reported_even_when_its_stage_cannot_be_removed(driver, make_sandbox, stored,
+                                                                         monkeypatch):
+    """Removing the stage failed too (its sandbox went): the refusal still names the check."""
+    _, row, key = stored
+    row.manifest["files"][-1]["sha256"] = "0" * 64
+
+    def cannot(driver, sandbox, stage, *, keep):
+        raise WorkspaceError("workspace_error", "the sandbox is gone")
+
+    monkeypatch.setattr(persistence, "settle", cannot)
     with pytest.raises(persistence.ProvenanceError) as refused:
         persistence.unpack_checked(driver, make_sandbox(disk_mb=64), row, key)
-    assert refused.value.rule_id == "persistence.blob"
+    assert refused.value.rule_id == "persistence.digest"
 
-    with open(store.path(row.blob_name), "wb") as handle:
-        handle.write(good)
-    monkeypatch.setattr(persistence, "unpack", _reader_that_stops(0))
+
+@pytest.mark.parametrize("unread", [65536, 2 << 20])
+def test_a_tar_that_exits_0_before_the_archive_ends_is_not_kept(driver, make_sandbox, stored, monkeypatch, unread):
+    """Every check holds, the tar says it succeeded, yet it left the archive's end unread: less
+    than the pipe holds, or more. Its stage goes, and the restore fails saying so."""
+    if driver.name != "bubblewrap":
+        pytest.skip("Docker's driver reads the whole input before the command starts; what a command leaves "
+                    "unread is not seen there (the sandbox's GNU tar reads its input to the end)")
+    _, row, key = stored
+    archive = len(persistence.check_bytes(row, key))
+    monkeypatch.setattr(persistence, "unpack", _reader_that_stops(0, read=max(archive - unread, 0)))
     target = make_sandbox(disk_mb=64)
-    stopped = "stopped reading before the archive's end"
-    with pytest.raises(WorkspaceError, match=stopped) if driver.name == "bubblewrap" \
-            else contextlib.nullcontext():  # Docker's driver reads the whole input before the command starts
+    with pytest.raises(WorkspaceError, match=f"last {min(unread, archive)} bytes unread"):
         persistence.unpack_checked(driver, target, row, key)
     assert _run(driver, target, "import os; print(os.listdir())") == b"[]\n"
 
@@ -196,34 +224,44 @@ def test_a_workspace_full_of_files_restores(driver, make_sandbox):
     errno_, files = _run(driver, source, FILL_INODES).split()
     assert errno_ == b"28"  # ENOSPC
     key = TenantKey(tenant_id=1, version=1, key=os.urandom(32))
-    object_id = str(uuid.uuid4())
-    plan = persistence.Plan(kind="snapshot", object_id=object_id, tenant_id=1, key=key,
-                            manifest={"v": 1, "kind": "snapshot", "id": object_id}, max_bytes=1 << 20)
-    taken = persistence.take(driver, source, plan, [""])
+    row = _taken(driver, source, key, 1 << 20)
     try:
         target = make_sandbox(disk_mb=1)
-        persistence.unpack_checked(driver, target, SimpleNamespace(
-            id=object_id, blob_name=taken.blob_name, plain_bytes=taken.plain_bytes, manifest=taken.manifest), key)
+        persistence.unpack_checked(driver, target, row, key)
         assert _run(driver, target, "import os; print(len(os.listdir()))") == files + b"\n"
     finally:
-        persistence.storage().delete(taken.blob_name)
+        persistence.storage().delete(row.blob_name)
 
 
+SMALL_FILES = "import os\nfor i in range(4000):\n    open(f'f{i}', 'wb').write(os.urandom(1024))"
+
+
+@pytest.mark.parametrize("tree", ["large", "small files"])
 def test_a_tree_larger_than_the_workspace_is_refused_without_a_second_read(driver, make_sandbox, stored,
-                                                                            monkeypatch):
-    """Its bytes alone are more than the workspace holds: the inode fallback above would only
-    read and check the whole blob again to fail the same way."""
+                                                                            monkeypatch, tree):
+    """Its files take more than the workspace holds (3 MiB in 1 MB; or 4 MB of 1 KiB files, a 4
+    KiB page each, in 8 MB): the inode fallback above would only read and check the whole blob
+    again to fail the same way."""
     _, row, key = stored
+    disk_mb = 1
+    if tree == "small files":
+        source = make_sandbox(disk_mb=64)
+        _run(driver, source, SMALL_FILES)
+        row, disk_mb = _taken(driver, source, key, 8 << 20), 8
 
     def read_again(*args):
         raise AssertionError("the blob was read a second time")
 
     monkeypatch.setattr(persistence, "check_bytes", read_again)
-    target = make_sandbox(disk_mb=1)
-    with pytest.raises(WorkspaceError) as refused:
-        persistence.unpack_checked(driver, target, row, key)
-    assert refused.value.code == "quota_exceeded"
-    assert _run(driver, target, "import os; print(os.listdir())") == b"[]\n"
+    target = make_sandbox(disk_mb=disk_mb)
+    try:
+        with pytest.raises(WorkspaceError) as refused:
+            persistence.unpack_checked(driver, target, row, key)
+        assert refused.value.code == "quota_exceeded"
+        assert _run(driver, target, "import os; print(os.listdir())") == b"[]\n"
+    finally:
+        if tree == "small files":
+            persistence.storage().delete(row.blob_name)
 
 
 def test_links_with_long_names_or_targets_are_left_out_and_the_rest_packs(driver, make_sandbox):
