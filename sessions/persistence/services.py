@@ -417,8 +417,8 @@ def unpack_checked(driver: Driver, sandbox: Sandbox, row: Packed, key: TenantKey
             settle(driver, sandbox, stage, keep=False)
         except (WorkspaceError, SandboxError, OSError):
             raise failure from None  # its sandbox is destroyed anyway
-        fits = _pages(row) <= sandbox.spec.limits.disk_mb << 20
-        if getattr(failure, "code", None) != "quota_exceeded" or checked[0] is not None or not fits:
+        if getattr(failure, "code", None) != "quota_exceeded" or checked[0] is not None \
+                or _pages(row) > sandbox.spec.limits.disk_mb << 20:
             raise failure
         # Every check held and its files fit, yet it did not: the stage takes one inode more than
         # a workspace full of files had. Checked whole again (the blob is read anew), then unpacked in place.
