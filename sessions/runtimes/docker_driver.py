@@ -105,6 +105,7 @@ class DockerDriver(Driver):
         self._checked = False
         self._host_uds = False  # gVisor lets a sandbox connect to a host Unix socket mounted into it
         self._image_imported = False
+        self._said_fork = False  # the warning that a tree has no spawner, once
 
     @property
     def client(self) -> docker.DockerClient:
@@ -266,6 +267,17 @@ class DockerDriver(Driver):
             raise SandboxError(f"the sandbox's supervisor did not start: {exc}") from None
         if ready.get("reply") != "ready":
             raise SandboxError(f"the sandbox's supervisor said {ready!r} first, not that it is ready")
+        self._spawned(sandbox, ready)
+
+    def _spawned(self, sandbox: Sandbox, frame: dict) -> None:
+        """How its supervisor starts commands, as its ready frame and each exit say (a gVisor
+        tree whose spawner did not build or load forks: warned once)."""
+        sandbox.handle["spawn"] = str(frame.get("spawn", sandbox.handle.get("spawn", "")))
+        if sandbox.handle["spawn"] == "fork" and not self._said_fork:
+            self._said_fork = True
+            log.warning("the root filesystem's spawner did not build or load (sessions/runtimes/spawn.c): %s "
+                        "commands start by fork, ~3x slower; install gcc, then manage.py build_rootfs --force",
+                        self.name)
 
     def _channel(self, sandbox: Sandbox) -> SupervisorChannel:
         with self._lock:
@@ -349,6 +361,7 @@ class DockerDriver(Driver):
             for kind, payload in self._frames(channel, running):
                 if kind == b"x":
                     ended = payload
+                    self._spawned(sandbox, ended)
                     break
                 output_bytes += len(payload)
                 yield Chunk(stream="stdout" if kind == b"1" else "stderr", data=payload)

@@ -28,6 +28,9 @@ from sessions.runtimes.base import RuntimeUnavailable
 from sessions.runtimes.linux import unmount
 
 IMAGE = "airlock/sandbox:bookworm"
+# gVisor's supervisor spawns commands with it (supervisor.py, SPAWNER), built with the host's C compiler.
+SPAWNER_SOURCE = Path(__file__).with_name("spawn.c")
+SPAWNER = "usr/local/lib/airlock/spawn.so"
 DIGEST_LABEL = "airlock.rootfs.digest"
 
 RECIPE = {
@@ -46,6 +49,7 @@ RECIPE = {
     # debootstrap copies these from the building host: its name and its resolvers stay out.
     "host_files": {"etc/hostname": "sandbox\n",
                    "etc/resolv.conf": "# No resolver: a sandbox has no network (docs/architecture.md).\n"},
+    "spawner": hashlib.sha256(SPAWNER_SOURCE.read_bytes()).hexdigest(),
     "version": 3,
 }
 
@@ -150,6 +154,7 @@ def _build_locked(base: Path, progress: Callable[[str], None], meter: Meter) -> 
                                  "build_rootfs again")
     meter(records.fraction, "Pruning caches and computing the digest of the tree")
     _finish_tree(tree)
+    _build_spawner(tree, progress)
     digest, size = _digest(tree)
     meter(1.0, "Done")
     shutil.rmtree(base, ignore_errors=True)
@@ -272,6 +277,29 @@ def _finish_tree(tree: Path) -> None:
     for relative in RECIPE["dirs"]:
         (tree / relative).mkdir(mode=0o755, parents=True, exist_ok=True)
     os.chmod(tree.parent, 0o755)  # noqa: S103 - sandboxes (uid 65534) must reach the tree
+
+
+def _build_spawner(tree: Path, progress: Callable[[str], None]) -> None:
+    """spawn.c into the tree, for the same C library (the host's is bookworm's, as the tree's; it
+    needs no symbol newer than glibc 2.14). Without a compiler, or where it fails, the tree is whole
+    all the same: gVisor's commands then start by fork, which each sandbox's driver warns of."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        progress("  no C compiler (cc): gVisor sandboxes will start commands by fork, ~3x slower; "
+                 "install gcc, then run build_rootfs --force")
+        return
+    target = tree / SPAWNER
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    # -z now: every symbol bound at load, so the spawned child never runs the dynamic linker.
+    built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-Wall", "-Wl,-z,now", "-o", str(target),
+                            str(SPAWNER_SOURCE)], capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        target.unlink(missing_ok=True)
+        said = built.stderr.strip().splitlines()
+        progress(f"  {compiler} could not build {SPAWNER_SOURCE.name} ({said[-1] if said else 'no message'}): "
+                 "gVisor sandboxes will start commands by fork, ~3x slower")
+        return
+    target.chmod(0o755)
 
 
 def tar_command(tree: Path) -> list[str]:

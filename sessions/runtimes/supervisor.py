@@ -1,7 +1,8 @@
 """The in-sandbox supervisor of Docker and gVisor sandboxes (docs/architecture.md, "Runtimes").
 
 It is the container's main process, its pid 1, and runs every command itself: it starts it
-(posix_spawn under runc, `python3 -I -S -c SOURCE posix-spawn`; fork + exec under gVisor) as uid
+(posix_spawn under runc, `python3 -I -S -c SOURCE posix-spawn`; under gVisor the root
+filesystem's vfork spawner, spawn.c, or fork + exec in a tree built without one) as uid
 65534 without capabilities in a session and process group of its own, and streams the output
 back as frames, then the exit. The runner talks to it over the container's attached stdio
 (Docker's attach stream), which no sandboxed process can reach: its descriptors are not
@@ -21,8 +22,9 @@ untrusted writer):
     {"op": "disk"}                 answered {"reply": "disk", "used": bytes of /workspace}
 Frames on stdout: one byte of kind, four of length (big-endian), then the payload:
     b"1" stdout data, b"2" stderr data, b"x" the exit (JSON), b"j" any other reply (JSON).
-The first frame is {"reply": "ready", "pid": its pid}. Its JSON holds integers and fixed words
-only, so it is written without the json module."""
+The first frame is {"reply": "ready", "pid": its pid, "spawn": "posix_spawn" | "vfork" | "fork"};
+each exit says `spawn` again, as it was done (a spawner that did not load falls back to fork).
+Their JSON holds integers and fixed words only, so it is written without the json module."""
 
 import _signal as signal  # the module `signal` imports enum, the one file that makes it slow
 import errno
@@ -38,6 +40,7 @@ OUT_HIGH = 1 << 20  # bytes of frames waiting to be read by the runner before co
 READ = 65536
 REAP_S = 10  # for every process of a command to be gone after SIGKILL
 FRAME_MAX = READ  # output waiting to be sent is merged into frames of up to this much (as one read)
+SPAWNER = "/usr/local/lib/airlock/spawn.so"  # spawn.c, built into the root filesystem (rootfs.py)
 
 
 def oom_kills() -> int:
@@ -103,6 +106,21 @@ def program(name: str, env: dict) -> str:
     raise OSError(code, os.strerror(code))
 
 
+def load_spawner():
+    """spawn.c's `airlock_spawn` through ctypes (~16 ms under gVisor, once), or None where it
+    does not load."""
+    try:
+        import ctypes
+        spawn = ctypes.CDLL(SPAWNER).airlock_spawn
+    except (ImportError, OSError, AttributeError):
+        return None
+    strings = ctypes.POINTER(ctypes.c_char_p)
+    spawn.argtypes = [strings, strings, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    spawn.restype = ctypes.c_int
+    return ctypes, spawn
+
+
 class Supervisor:
     def __init__(self, posix_spawn: bool):
         self.requests = bytearray()
@@ -113,6 +131,8 @@ class Supervisor:
         keep_descriptors_to_itself()
         os.setgroups([])  # a command is spawned with this process's supplementary groups: none
         self.posix_spawn = posix_spawn
+        self.spawner = None  # loaded once the runner knows this is ready (serve)
+        self.how = "posix_spawn" if posix_spawn else "vfork" if os.path.exists(SPAWNER) else "fork"
         for fd in (0, 1):
             os.set_blocking(fd, False)
         # A command's exit wakes the loop: SIGCHLD writes a byte to this pipe.
@@ -195,9 +215,11 @@ class Supervisor:
         stdin = request.get("stdin")
         try:
             pid, pipes, stdin_fd = self.spawn(request, stdin is not None)
-        except OSError as exc:
-            self.frame(b"2", f"airlock: cannot run {request['argv'][0]!r}: {exc.strerror}\n".encode())
-            self.reply(b"x", {"id": request["id"], "exit_code": 127, "reason": "exited", "output": 0})
+        except (OSError, ValueError) as exc:  # ValueError: a string no file name can hold (a lone surrogate)
+            why = getattr(exc, "strerror", None) or "an argument, the environment or the cwd cannot be encoded"
+            self.frame(b"2", f"airlock: cannot run {request['argv'][0]!r}: {why}\n".encode(errors="replace"))
+            self.reply(b"x", {"id": request["id"], "exit_code": 127, "reason": "exited", "output": 0,
+                              "spawn": self.how})
             return
         command.update(pid=pid, pipes=pipes)
         if stdin_fd is not None:
@@ -214,7 +236,8 @@ class Supervisor:
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if with_stdin else (os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC), None)
         try:
-            pid = (self.spawn_posix if self.posix_spawn else self.spawn_fork)(request, in_r, out_w, err_w)
+            how = {"posix_spawn": self.spawn_posix, "vfork": self.spawn_vfork, "fork": self.spawn_fork}[self.how]
+            pid = how(request, in_r, out_w, err_w)
         except OSError:
             for fd in (out_r, err_r, in_w):
                 if fd is not None:
@@ -243,7 +266,7 @@ class Supervisor:
             os.chdir(request["cwd"])
             pid = os.posix_spawn(
                 program(request["argv"][0], request["env"]), request["argv"], request["env"], setsid=True,
-                setsigdef=(signal.SIGPIPE,),
+                setsigdef=(signal.SIGPIPE, signal.SIGINT, signal.SIGXFSZ),  # what this process ignores
                 file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
                               (os.POSIX_SPAWN_DUP2, err_w, 2)])
         finally:
@@ -258,6 +281,23 @@ class Supervisor:
             pass
         finally:
             os.setresuid(0, 0, 0)
+        return pid
+
+    def spawn_vfork(self, request: dict, in_r: int, out_w: int, err_w: int) -> int:
+        """spawn.c: the child takes its ids, cwd and program itself before exec, and this process
+        keeps root throughout, as with fork, at the cost of a posix_spawn."""
+        ctypes, spawn = self.spawner
+        argv = [os.fsencode(arg) for arg in request["argv"]]
+        envp = [os.fsencode(f"{name}={value}") for name, value in request["env"].items()]
+        path, cwd = os.fsencode(request["env"].get("PATH", os.defpath)), os.fsencode(request["cwd"])
+        if any(b"\0" in item for item in (*argv, *envp, path, cwd)):
+            raise OSError(errno.EINVAL, "an argument, the environment or the cwd holds a NUL byte")
+        error = ctypes.c_int(0)
+        pid = spawn((ctypes.c_char_p * (len(argv) + 1))(*argv, None),
+                    (ctypes.c_char_p * (len(envp) + 1))(*envp, None), path, cwd, in_r, out_w, err_w,
+                    ctypes.byref(error))
+        if pid < 0:
+            raise OSError(error.value, os.strerror(error.value))
         return pid
 
     @staticmethod
@@ -281,7 +321,8 @@ class Supervisor:
                     adj.write("1000")
                 os.setresgid(NOBODY, NOBODY, NOBODY)
                 os.setresuid(NOBODY, NOBODY, NOBODY)
-                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                for ignored in (signal.SIGPIPE, signal.SIGINT, signal.SIGXFSZ):
+                    signal.signal(ignored, signal.SIG_DFL)
                 os.chdir(request["cwd"])
                 os.execvpe(request["argv"][0], request["argv"], request["env"])  # noqa: S606 - argv, never a shell
             except OSError as exc:
@@ -353,7 +394,7 @@ class Supervisor:
             os.close(command["stdin"][0])
         reason = command["reason"] or ("oom" if oom_kills() > command["oom_kills"] else "exited")
         self.reply(b"x", {"id": command["id"], "exit_code": os.waitstatus_to_exitcode(command["status"]),
-                          "reason": reason, "output": command["output"]})
+                          "reason": reason, "output": command["output"], "spawn": self.how})
         self.running = None
         while self.queue and self.running is None:
             self.start(self.queue.pop(0))
@@ -388,7 +429,12 @@ class Supervisor:
 
     # -- the loop ---------------------------------------------------------------------------
     def serve(self) -> None:
-        self.reply(b"j", {"reply": "ready", "pid": os.getpid()})
+        self.reply(b"j", {"reply": "ready", "pid": os.getpid(), "spawn": self.how})
+        self.flush()
+        if self.how == "vfork":  # off the sandbox's start: a warm pool's sandbox has it loaded when claimed
+            self.spawner = load_spawner()
+            if self.spawner is None:
+                self.how = "fork"
         while True:
             command = self.running
             readers = [0, self.wakeup]

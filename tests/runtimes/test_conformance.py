@@ -330,6 +330,17 @@ def test_argv_is_never_given_to_a_shell(driver, sandbox):
     assert run(driver, sandbox, ["ls", "/workspace"]).stdout == ""
 
 
+def test_a_command_starts_with_no_signal_ignored_or_blocked(driver, sandbox):
+    """What the supervisor ignores (SIGPIPE, SIGINT, SIGXFSZ) is its own: a command's pipeline
+    ends on SIGPIPE, an interrupt interrupts it. (bash lists what it was started ignoring.)"""
+    said = run(driver, sandbox, ["bash", "-c", "trap -p; grep -h '^Sig[BI]' /proc/self/status || true"])
+    assert said.status.exit_code == 0
+    assert "trap" not in said.stdout, said.stdout
+    masks = dict(line.split(":") for line in said.stdout.splitlines())  # gVisor shows none
+    glibc_own = 0x180000000  # signals 32 and 33, which only glibc itself uses (nptl): as they came
+    assert all(int(mask, 16) & ~glibc_own == 0 for mask in masks.values()), said.stdout
+
+
 def test_invalid_utf8_and_binary_output_come_through_unchanged(driver, sandbox):
     result = py(driver, sandbox, "import sys; sys.stdout.buffer.write(bytes(range(256)) + b'\\xff\\xfe\\xc3')")
     assert result.out() == bytes(range(256)) + b"\xff\xfe\xc3"

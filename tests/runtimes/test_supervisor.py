@@ -114,6 +114,29 @@ def test_output_written_a_byte_at_a_time_comes_in_merged_frames_and_whole(superv
         assert len(result.chunks) < 20_000, len(result.chunks)  # not one frame per write
 
 
+def test_each_isolation_spawns_as_it_is_meant_to(supervised, sandbox):
+    """posix_spawn under runc; under gVisor the root filesystem's vfork spawner (spawn.c), at
+    a third of a fork's cost: one that did not build or load would fall back to fork, slower.
+    A command's exit says how it was spawned."""
+    assert run(supervised, sandbox, ["true"]).status.exit_code == 0
+    assert sandbox.handle["spawn"] == ("vfork" if supervised.name == "gvisor" else "posix_spawn")
+
+
+def test_the_search_along_path_goes_past_a_file_that_cannot_run(supervised, sandbox):
+    """Under gVisor, as os.execvpe searches: a file without a #! line (ENOEXEC) in the first
+    directory does not stop the search (runc's posix_spawn runs the first executable file it
+    finds, so there it does); where nothing runs, the first such error is the one reported."""
+    py(supervised, sandbox, "import os\nfor d, text in (('d1', 'no shebang'), ('d2', '#!/bin/sh\\necho second')):\n"
+                            "    os.mkdir(d); open(d + '/hello', 'w').write(text); os.chmod(d + '/hello', 0o755)")
+    found = run(supervised, sandbox, ["hello"], env={"PATH": "/workspace/d1:/workspace/d2"})
+    if supervised.name == "gvisor":
+        assert found.stdout == "second\n", found.stderr
+    else:
+        assert found.status.exit_code == 127 and "Exec format error" in found.stderr, found.stderr
+    refused = run(supervised, sandbox, ["hello"], env={"PATH": "/workspace/nothing:/workspace/d1"})
+    assert refused.status.exit_code == 127 and "Exec format error" in refused.stderr, refused.stderr
+
+
 def test_a_sigint_does_not_end_the_supervisor(supervised, sandbox):
     """Under runc the supervisor has 65534 as its real uid while it spawns a command, which a
     process of the sandbox could signal then. Pid 1 gets only the signals it handles: it handles
