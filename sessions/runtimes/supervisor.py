@@ -238,7 +238,7 @@ class Supervisor:
         try:
             how = {"posix_spawn": self.spawn_posix, "vfork": self.spawn_vfork, "fork": self.spawn_fork}[self.how]
             pid = how(request, in_r, out_w, err_w)
-        except OSError:
+        except (OSError, ValueError):  # reported by start
             for fd in (out_r, err_r, in_w):
                 if fd is not None:
                     os.close(fd)

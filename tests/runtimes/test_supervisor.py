@@ -201,3 +201,10 @@ def test_a_command_that_signals_pid_1_as_it_starts_never_stops_its_supervisor(su
     assert said <= {"refused\n", "signalled\n"}
     assert supervised.client.api.inspect_container(sandbox.handle["container"])["State"]["Running"]
     assert run(supervised, sandbox, ["true"]).status.exit_code == 0
+
+
+def test_an_argument_no_file_name_can_hold_fails_its_command_not_the_supervisor(supervised, sandbox):
+    """A lone surrogate cannot be encoded for exec: before, it ended pid 1 and the sandbox."""
+    refused = run(supervised, sandbox, ["echo", "\ud800"])
+    assert refused.status.exit_code == 127 and "cannot be encoded" in refused.stderr, refused.stderr
+    assert run(supervised, sandbox, ["true"]).status.exit_code == 0
