@@ -287,31 +287,26 @@ def unpack(driver: Driver, sandbox: Sandbox, archive: Stdin, *, stage: str | Non
     # Every member under the stage (the tar holds no link); from a pipe, whole 1 MiB reads.
     argv = [*UNPACK_ARGV, *([f"--transform=s|^|{stage}/|"] if stage else []), "--read-full-records",
             "--blocking-factor=2048"]
-    stderr, status = [], None
-    for item in driver.exec(_helper(sandbox, 1 << 20), argv, cwd=WORKSPACE, stdin=archive, egress=False):
-        if isinstance(item, Chunk):
-            stderr.append(item.data)
-        elif isinstance(item, ExitStatus):
-            status = item
-    if status is None or status.exit_code != 0:
-        said = b"".join(stderr).decode(errors="replace").strip()
-        if "No space left" in said or "Disk quota" in said:
-            raise WorkspaceError("quota_exceeded", "the snapshot does not fit this session's workspace "
-                                 "(its policy's limits.disk_mb)")
-        reason = status.reason if status else "no exit status"
-        raise WorkspaceError("workspace_error", f"restoring the workspace failed ({reason}: {said[-300:]})")
+    _restoring(driver, sandbox, argv, stdin=archive)
 
 
 def settle(driver: Driver, sandbox: Sandbox, stage: str, *, keep: bool) -> None:
     """Move what `unpack` left in `stage` into the workspace (`keep`), or remove it."""
-    argv = ["python3", "-I", "-S", "-c", SETTLE_PROGRAM, stage, "keep" if keep else "drop"]
+    _restoring(driver, sandbox, ["python3", "-I", "-S", "-c", SETTLE_PROGRAM, stage, "keep" if keep else "drop"])
+
+
+def _restoring(driver: Driver, sandbox: Sandbox, argv: list[str], *, stdin: Stdin | None = None) -> None:
+    """Run one step of a restore in the sandbox; WorkspaceError, with what it said, unless it exits 0."""
     said, status = [], None
-    for item in driver.exec(_helper(sandbox, 1 << 20), argv, cwd=WORKSPACE, egress=False):
+    for item in driver.exec(_helper(sandbox, 1 << 20), argv, cwd=WORKSPACE, stdin=stdin, egress=False):
         if isinstance(item, Chunk):
             said.append(item.data)
         elif isinstance(item, ExitStatus):
             status = item
     if status is None or status.exit_code != 0:
+        text = b"".join(said).decode(errors="replace").strip()
+        if "No space left" in text or "Disk quota" in text:
+            raise WorkspaceError("quota_exceeded", "the snapshot does not fit this session's workspace "
+                                 "(its policy's limits.disk_mb)")
         reason = status.reason if status else "no exit status"
-        last = b"".join(said).decode(errors="replace").strip()[-300:]
-        raise WorkspaceError("workspace_error", f"restoring the workspace failed ({reason}: {last})")
+        raise WorkspaceError("workspace_error", f"restoring the workspace failed ({reason}: {text[-300:]})")

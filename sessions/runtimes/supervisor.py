@@ -130,7 +130,6 @@ class Supervisor:
         self.queue = []  # requests that came while a command ran
         keep_descriptors_to_itself()
         os.setgroups([])  # a command is spawned with this process's supplementary groups: none
-        self.posix_spawn = posix_spawn
         self.spawner = None  # loaded once the runner knows this is ready (serve)
         self.how = "posix_spawn" if posix_spawn else "vfork" if os.path.exists(SPAWNER) else "fork"
         for fd in (0, 1):
