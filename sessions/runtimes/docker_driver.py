@@ -155,7 +155,8 @@ class DockerDriver(Driver):
         self.check()
         egress_dir = egress_dir if self._host_uds else None
         sandbox = self._make(SandboxSpec(tenant="", session_id=pool_id, limits=limits, egress_dir=egress_dir),
-                             name=f"{POOL_PREFIX}{pool_id}", labels={LABEL_SESSION: pool_id, LABEL_POOL: "1"})
+                             name=f"{POOL_PREFIX}{pool_id}", labels={LABEL_SESSION: pool_id, LABEL_POOL: "1"},
+                             warm=True)
         if egress_dir is not None:
             sandbox.handle["egress_dir"] = egress_dir
         return sandbox
@@ -186,7 +187,7 @@ class DockerDriver(Driver):
             found.append((container.name.removeprefix(POOL_PREFIX), container.status, _age_s(created)))
         return found
 
-    def _make(self, spec: SandboxSpec, *, name: str, labels: dict) -> Sandbox:
+    def _make(self, spec: SandboxSpec, *, name: str, labels: dict, warm: bool = False) -> Sandbox:
         limits = spec.limits
         tmpfs_options = "uid=65534,gid=65534,nosuid,nodev,exec"
         # gVisor's tmpfs lives in its own kernel's memory, which the sandbox's memory limit bounds.
@@ -220,8 +221,9 @@ class DockerDriver(Driver):
             # sandbox's business (the Engine API's HostConfig.MaskedPaths replaces the default list).
             host_config["MaskedPaths"] = MASKED_PATHS
             # posix_spawn only where the kernel keeps a pid namespace's init from the signals it
-            # does not handle: gVisor delivers them (supervisor.py, Supervisor.spawn_posix).
-            spawn = [] if self.isolation == "gvisor" else ["posix-spawn"]
+            # does not handle: gVisor delivers them (supervisor.py, Supervisor.spawn_posix). A
+            # pool's gVisor sandbox, idle until claimed, warms up meanwhile (Supervisor.warm).
+            spawn = (["warm"] if warm else []) if self.isolation == "gvisor" else ["posix-spawn"]
             # Attached stdin, closed when the runner's end closes (it died, or let go): that ends
             # the supervisor, and the sandbox with it.
             container = api.create_container(

@@ -2,7 +2,8 @@
 
 It is the container's main process, its pid 1, and runs every command itself: it starts it
 (posix_spawn under runc, `python3 -I -S -c SOURCE posix-spawn`; under gVisor the root
-filesystem's vfork spawner, spawn.c, or fork + exec in a tree built without one) as uid
+filesystem's vfork spawner, spawn.c, or fork + exec in a tree built without one, and a warm
+pool's sandbox, `… SOURCE warm`, warms up while it waits for its claim) as uid
 65534 without capabilities in a session and process group of its own, and streams the output
 back as frames, then the exit. The runner talks to it over the container's attached stdio
 (Docker's attach stream), which no sandboxed process can reach: its descriptors are not
@@ -41,6 +42,7 @@ READ = 65536
 REAP_S = 10  # for every process of a command to be gone after SIGKILL
 FRAME_MAX = READ  # output waiting to be sent is merged into frames of up to this much (as one read)
 SPAWNER = "/usr/local/lib/airlock/spawn.so"  # spawn.c, built into the root filesystem (rootfs.py)
+WARM_SPAWNS = 2  # of `true` in a warm pool's gVisor sandbox before its first request (Supervisor.warm)
 
 
 def oom_kills() -> int:
@@ -122,7 +124,7 @@ def load_spawner():
 
 
 class Supervisor:
-    def __init__(self, posix_spawn: bool):
+    def __init__(self, posix_spawn: bool, warm: bool = False):
         self.requests = bytearray()
         self.out = bytearray()  # frames ready to send
         self.tail, self.tail_kind = bytearray(), b""  # output not framed yet: merged while it waits
@@ -132,6 +134,7 @@ class Supervisor:
         os.setgroups([])  # a command is spawned with this process's supplementary groups: none
         self.spawner = None  # loaded once the runner knows this is ready (serve)
         self.how = "posix_spawn" if posix_spawn else "vfork" if os.path.exists(SPAWNER) else "fork"
+        self.warms = warm  # before its first request (warm): a warm pool's gVisor sandbox
         for fd in (0, 1):
             os.set_blocking(fd, False)
         # A command's exit wakes the loop: SIGCHLD writes a byte to this pipe.
@@ -337,6 +340,28 @@ class Supervisor:
             raise OSError(code, os.strerror(code))
         return pid
 
+    def warm(self) -> None:
+        """A gVisor sandbox's first spawns are its slowest (its kernel sets up what later ones
+        reuse): `true` through the driver took ~25 ms first, ~17 second, ~9 from the third on,
+        and spawns run side by side did not warm it. A warm pool's sandbox (argv `warm`) waits
+        for its claim: meanwhile, until the first request comes, its supervisor spawns `true`
+        WARM_SPAWNS times, one after the other, as a command would be (65534, no output, nothing
+        left running), and the session's first commands find it warm; a request that comes
+        meanwhile waits for one spawn at most."""
+        for _ in range(WARM_SPAWNS):
+            if wait([0], [], 0)[0]:  # a request (or the runner's end) came first
+                return
+            try:
+                null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    pid = self.spawn_vfork({"argv": ["true"], "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/"},
+                                           null, null, null)
+                finally:
+                    os.close(null)
+            except OSError:  # a tree without `true`, or no descriptor left: nothing to warm with
+                return
+            os.waitpid(pid, 0)
+
     def stop(self, reason: str) -> None:
         command = self.running
         if command["reason"] is None:
@@ -434,6 +459,8 @@ class Supervisor:
             self.spawner = load_spawner()
             if self.spawner is None:
                 self.how = "fork"
+            elif self.warms:
+                self.warm()
         while True:
             command = self.running
             readers = [0, self.wakeup]
@@ -479,4 +506,4 @@ if __name__ == "__main__":
     # SIGCHLD, whose handler does nothing. Not SIGINT, which Python's handler would end it by:
     # with posix_spawn, a command may signal it while it spawns (Supervisor.spawn_posix).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    Supervisor(posix_spawn=sys.argv[1:] == ["posix-spawn"]).serve()
+    Supervisor(posix_spawn="posix-spawn" in sys.argv[1:], warm="warm" in sys.argv[1:]).serve()

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from sessions.runtimes import supervisor
 from sessions.runtimes.base import Limits, SandboxSpec
 from tests.runtimes.conftest import checked_driver
 from tests.runtimes.helpers import py, run
@@ -120,6 +121,26 @@ def test_each_isolation_spawns_as_it_is_meant_to(supervised, sandbox):
     A command's exit says how it was spawned."""
     assert run(supervised, sandbox, ["true"]).status.exit_code == 0
     assert sandbox.handle["spawn"] == ("vfork" if supervised.name == "gvisor" else "posix_spawn")
+
+
+def test_a_pooled_gvisor_sandbox_warms_up_while_it_waits_and_keeps_nothing_of_it(supervised, sandbox):
+    """Under gVisor a warm pool's sandbox spawns `true` while it waits for its claim
+    (Supervisor.warm): its first command comes after them (gVisor hands out a namespace's pids in
+    order, 1 being the supervisor) and finds only pid 1 and itself. A sandbox made for a session
+    (the `sandbox` fixture) is used at once: it does not warm up. Under runc neither spawns
+    anything before the command."""
+    pooled = supervised.prepare(Limits(command_timeout_s=20), pool_id=str(uuid.uuid4()))
+    try:
+        time.sleep(2)  # waiting for its claim
+        code = ("import json, os\n"
+                "print(json.dumps([os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit())]))")
+        for made, warmed in ((pooled, supervisor.WARM_SPAWNS), (sandbox, 0)):
+            mine, pids = listed = json.loads(py(supervised, made, code).stdout)
+            assert pids == [1, mine], listed
+            if supervised.name == "gvisor":
+                assert mine == 2 + warmed, listed
+    finally:
+        supervised.destroy(pooled)
 
 
 def test_the_search_along_path_goes_past_a_file_that_cannot_run(supervised, sandbox):
