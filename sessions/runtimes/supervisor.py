@@ -2,13 +2,13 @@
 
 It is the container's main process, its pid 1, and runs every command itself: it starts it
 (posix_spawn under runc, `python3 -I -S -c SOURCE posix-spawn`; under gVisor the root
-filesystem's vfork spawner, spawn.c, or fork + exec in a tree built without one, and a warm
-pool's sandbox, `… SOURCE warm`, warms up while it waits for its claim) as uid
+filesystem's vfork spawner, spawn.c, or fork + exec in a tree built without one) as uid
 65534 without capabilities in a session and process group of its own, and streams the output
-back as frames, then the exit. The runner talks to it over the container's attached stdio
-(Docker's attach stream), which no sandboxed process can reach: its descriptors are not
-inherited, and /proc/<its pid>/fd is closed to another uid. A command's output is framed as
-data, so it cannot forge an exit either.
+back as frames, then the exit. A warm pool's gVisor sandbox (`… SOURCE warm`) warms gVisor up
+while it waits for its claim (Supervisor.warm). The runner talks to it over the container's
+attached stdio (Docker's attach stream), which no sandboxed process can reach: its descriptors
+are not inherited, and /proc/<its pid>/fd is closed to another uid. A command's output is
+framed as data, so it cannot forge an exit either.
 
 This file is a standalone program, passed to `python3 -I -S -c` inside the sandbox: nothing of
 Airlock, and of Python's library only modules built into the interpreter or frozen in it (under
@@ -134,7 +134,7 @@ class Supervisor:
         os.setgroups([])  # a command is spawned with this process's supplementary groups: none
         self.spawner = None  # loaded once the runner knows this is ready (serve)
         self.how = "posix_spawn" if posix_spawn else "vfork" if os.path.exists(SPAWNER) else "fork"
-        self.warms = warm  # before its first request (warm): a warm pool's gVisor sandbox
+        self.warms = warm  # spawns `true` before its first request (warm): a warm pool's gVisor sandbox
         for fd in (0, 1):
             os.set_blocking(fd, False)
         # A command's exit wakes the loop: SIGCHLD writes a byte to this pipe.
@@ -341,9 +341,9 @@ class Supervisor:
         return pid
 
     def warm(self) -> None:
-        """A gVisor sandbox's first spawns are its slowest (its kernel sets up what later ones
-        reuse): `true` through the driver took ~25 ms first, ~17 second, ~9 from the third on,
-        and spawns run side by side did not warm it. A warm pool's sandbox (argv `warm`) waits
+        """A gVisor sandbox's first spawns are its slowest: `true` through the driver took ~25 ms
+        first, ~17 second, ~9 from the third on, and spawns run side by side did not warm it
+        (docs/architecture.md, "The supervisor"). A warm pool's sandbox (argv `warm`) waits
         for its claim: meanwhile, until the first request comes, its supervisor spawns `true`
         WARM_SPAWNS times, one after the other, as a command would be (65534, no output, nothing
         left running), and the session's first commands find it warm; a request that comes
