@@ -26,11 +26,12 @@ from django.conf import settings
 
 from sessions.runtimes.base import RuntimeUnavailable
 from sessions.runtimes.linux import unmount
+from sessions.runtimes.supervisor import SPAWNER as SPAWNER_PATH
 
 IMAGE = "airlock/sandbox:bookworm"
 # gVisor's supervisor spawns commands with it (supervisor.py, SPAWNER), built with the host's C compiler.
 SPAWNER_SOURCE = Path(__file__).with_name("spawn.c")
-SPAWNER = "usr/local/lib/airlock/spawn.so"
+SPAWNER = SPAWNER_PATH.lstrip("/")  # in the tree
 DIGEST_LABEL = "airlock.rootfs.digest"
 
 RECIPE = {
