@@ -21,13 +21,15 @@ tenant_patterns = [
 ]
 
 urlpatterns = [
+    # The agent API first, its busiest part first: each pattern tried before the one that matches
+    # costs its resolution (Django lists what it tried, for a 404's page).
+    path("api/v1/", include("sessions.api.urls")),
+    path("api/v1/", include("policies_app.api.urls")),
+    path("api/v1/", include("controlplane.api.urls")),
     path("", views.home, name="home"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("t/<slug:tenant_slug>/", include(tenant_patterns)),
-    path("api/v1/", include("controlplane.api.urls")),
-    path("api/v1/", include("policies_app.api.urls")),
-    path("api/v1/", include("sessions.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     # The split view serves its start-up script from a URL, as the Content-Security-Policy
     # wants (controlplane/security.py); its page is ours for the same reason (no inline style).

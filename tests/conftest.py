@@ -28,7 +28,7 @@ def django_db_setup(django_db_setup, django_db_blocker):
     tests, which a deployment's database refuses (controlplane/migrations/0003). Tests of that
     refusal put the triggers back for their own time (tests/controlplane/test_audit.py).
 
-    At the end, the threads that keep connections (the API's waiting threads, as in a server,
+    At the end, the threads that keep connections (the API's threads, as in a server,
     and asgiref's one thread for thread-sensitive calls) close them before the test database
     is dropped: PostgreSQL refuses to drop a database in use."""
     from importlib import import_module
@@ -36,15 +36,16 @@ def django_db_setup(django_db_setup, django_db_blocker):
     from asgiref.sync import SyncToAsync
     from django.db import connection, connections
 
+    from controlplane.api.handler import prompt, waiting
     from controlplane.threads import close_connections_and_shutdown
-    from sessions.api.views import waiting_pool
 
     append_only = import_module("controlplane.migrations.0003_audit_append_only")
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         for statement in append_only.statements(connection.vendor, drop=True):
             cursor.execute(statement)
     yield
-    close_connections_and_shutdown(waiting_pool)
+    for pool in (waiting, prompt):
+        close_connections_and_shutdown(pool)
     SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=10)
 
 

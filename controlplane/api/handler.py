@@ -1,46 +1,116 @@
-"""The agent API's own ASGI handler: Django without the dashboard's middleware.
+"""The agent API's own ASGI handler: each request runs whole on one thread of the API's pool, as
+a threaded WSGI server runs Django (docs/architecture.md, "A command's way").
 
-Bearer-token requests need none of the session, CSRF, authentication or messages middleware,
-and under ASGI each synchronous middleware costs two hops to Django's one shared thread. This
-handler keeps what the API needs: the Host check against ALLOWED_HOSTS, and the security
-headers (nosniff, same-origin referrer, no framing, a policy that loads nothing, and HSTS over
-HTTPS: controlplane/security.py). /api/docs and /api/schema stay on the
-dashboard's handler.
+Django's ASGIHandler gives every request its own thread for thread-sensitive work, started and
+joined per request, and hops to it and back for each step (the `request_started` signal, the
+view, the response's close), besides a task listening for a disconnect. Here the event loop
+reads the body and writes the response, and one hop to a pool thread does everything between:
+`request_started`, the view, `request_finished`. So each request's database connection is its
+thread's, opened and closed by CONN_MAX_AGE as in a WSGI server, and the views are plain
+synchronous ones: a view that waits for a runner holds its thread, not the loop.
 
-It sets the handler's private middleware attributes (`_middleware_chain` and the lists beside
-it): Django offers no per-handler middleware. Upstream: Django ticket #37177, fewer context
-switches per middleware under ASGI (django/django#21523, open); once it lands and the dashboard's
-middleware costs no hop, this handler can go."""
+Bearer-token requests need none of the dashboard's middleware (sessions, CSRF, authentication,
+messages). This handler keeps what the API needs: the Host check against ALLOWED_HOSTS, and the
+security headers (nosniff, same-origin referrer, no framing, a policy that loads nothing, and
+HSTS over HTTPS: controlplane/security.py). /api/docs and /api/schema stay on the dashboard's
+handler.
 
-from asgiref.sync import markcoroutinefunction
-from django.core.handlers.asgi import ASGIHandler
+Django offers no per-handler middleware, so this sets the handler's middleware attributes
+(`_middleware_chain` and the lists beside it) itself, as `BaseHandler.load_middleware` would.
+Upstream: Django ticket #37177, fewer context switches per middleware under ASGI
+(django/django#21523, open)."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.core.handlers.base import BaseHandler
 from django.core.handlers.exception import convert_exception_to_response
+from django.urls import Resolver404, get_resolver, set_script_prefix
 
 from controlplane import security
 
 API_PREFIX = security.API_PREFIX
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY",
            "Content-Security-Policy": security.API}
+PROMPT_THREADS = 16
+# The API's threads. A view that waits for a runner (a command with `wait`, a sandbox made or
+# destroyed, a workspace file) holds one of `waiting` for as long as it waits; every other view
+# answers at once, on one of `prompt`, so a full `waiting` pool never holds those up.
+waiting = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api")
+prompt = ThreadPoolExecutor(max_workers=PROMPT_THREADS, thread_name_prefix="airlock-api-prompt")
+
+
+def waits_for_runner(view):
+    """Marks a view that waits for a runner: it runs on a thread of the `waiting` pool."""
+    view.waits_for_runner = True
+    return view
 
 
 class ApiHandler(ASGIHandler):
-    def load_middleware(self, is_async=False):
-        super().load_middleware(is_async=is_async)
+    def __init__(self):
+        BaseHandler.__init__(self)  # not ASGIHandler's: its middleware is the dashboard's, asynchronous
         self._view_middleware, self._template_response_middleware, self._exception_middleware = [], [], []
-        async def checked(request):
-            request.get_host()  # DisallowedHost becomes a 400, as CommonMiddleware would make it
-            return await self._get_response_async(request)
+        handled = convert_exception_to_response(self._checked)
 
-        markcoroutinefunction(checked)
-        handled = convert_exception_to_response(checked)
-
-        async def chain(request):
-            response = await handled(request)
+        def chain(request):
+            response = handled(request)
             for name, value in HEADERS.items():  # on every response, errors included
                 response.headers.setdefault(name, value)
             if hsts := security.transport_security(request.is_secure()):
                 response.headers.setdefault("Strict-Transport-Security", hsts)
             return response
 
-        markcoroutinefunction(chain)
         self._middleware_chain = chain
+
+    def _checked(self, request):
+        request.get_host()  # DisallowedHost becomes a 400, as CommonMiddleware would make it
+        return self._get_response(request)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            raise ValueError(f"the API serves HTTP, not {scope['type']}")
+        try:
+            body = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            request, response = self.create_request(scope, body)
+            pool = prompt if request is None else self._pool(request)
+            # asgiref's bridge, not a bare executor: the layer's operations a view starts
+            # (async_to_sync) run on this loop, as they would under Django's own handler.
+            response = await sync_to_async(self._respond, thread_sensitive=False, executor=pool)(scope, request,
+                                                                                                  response)
+            try:
+                await self.send_response(response, send)
+            finally:
+                if response.streaming:
+                    await sync_to_async(response.close, thread_sensitive=False, executor=pool)()
+        finally:
+            body.close()
+
+    @staticmethod
+    def _pool(request) -> ThreadPoolExecutor:
+        try:
+            request.resolver_match = get_resolver().resolve(request.path_info)
+        except Resolver404:
+            return prompt
+        return waiting if getattr(request.resolver_match.func, "waits_for_runner", False) else prompt
+
+    def resolve_request(self, request):
+        """Resolved once: on the loop, where the view's pool is chosen."""
+        return request.resolver_match or super().resolve_request(request)
+
+    def _respond(self, scope, request, response):
+        """On a thread of a pool: the request whole, from `request_started` to
+        `request_finished` (the response's close) where its content is already whole."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        if request is not None:
+            response = self.get_response(request)
+        if not response.streaming:
+            response.close()  # request_finished: this thread's connections, by CONN_MAX_AGE
+        return response

@@ -14,11 +14,12 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from controlplane.api.auth import ApiPrincipal
+from controlplane.api.handler import waits_for_runner
 from controlplane.audit import actor_label
 from sessions import admission, broker
 from sessions.api import serializers as s
 from sessions.api.auth import SessionPrincipal, session_for
-from sessions.api.views import AUTH, _actor, _refused, waits_for_runner
+from sessions.api.views import AUTH, _actor, _refused
 from sessions.models import Artifact, Snapshot
 from sessions.persistence import services as persistence
 
@@ -100,7 +101,7 @@ def _detail(kind: str):
 
 
 def _verify(kind: str):
-    @waits_for_runner  # reading and checking a blob: off the thread synchronous views share
+    @waits_for_runner  # reading and checking a blob: not on a thread of the calls that answer at once
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT, operation_id=f"{kind}_verify")
     @api_view(["POST"])
     @authentication_classes(AUTH)

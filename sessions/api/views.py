@@ -2,12 +2,8 @@
 sessions; the session token returned reaches that one session until it ends."""
 
 import contextlib
-import functools
-from concurrent.futures import ThreadPoolExecutor
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -18,6 +14,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from controlplane.api.auth import ApiKeyAuthentication, ApiPrincipal
+from controlplane.api.handler import waits_for_runner
 from controlplane.audit import actor_label
 from sessions import admission, broker, lifecycle
 from sessions.api import serializers as s
@@ -26,25 +23,6 @@ from sessions.models import SessionState
 from sessions.selectors import command_get, command_list, session_search
 
 AUTH = [SessionTokenAuthentication, ApiKeyAuthentication]
-# Views that wait for a runner (a command with `wait`, a sandbox being created or destroyed) run
-# on these threads, not on the one thread Django gives all synchronous views under ASGI: one
-# agent waiting for its command must not hold up every other request of the server (asgiref's
-# public `executor=`; why Django's default is one thread: django/asgiref#218).
-waiting_pool = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api")
-
-
-def waits_for_runner(view):
-    def call(request, *args, **kwargs):
-        close_old_connections()  # this thread's connection follows CONN_MAX_AGE like a request's
-        try:
-            return view(request, *args, **kwargs)
-        finally:
-            close_old_connections()
-
-    async def wrapper(request, *args, **kwargs):
-        return await sync_to_async(call, thread_sensitive=False, executor=waiting_pool)(request, *args, **kwargs)
-
-    return functools.update_wrapper(wrapper, view)
 
 
 def _refused(exc: lifecycle.LifecycleError | admission.Refused) -> Response:

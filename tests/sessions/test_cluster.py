@@ -197,7 +197,7 @@ def test_a_subscriber_that_stops_reading_is_told_it_lagged_and_the_server_does_n
         for _ in range(6):  # 90 MB of output (each command within the 16 MiB cap) while the subscriber reads nothing
             status, run = cluster.call("POST", f"{path}/commands", {"bin": "python3", "args": ["spew.py"],
                                                                      "wait": True}, token=session["token"])
-            assert status == 200 and run["exit_code"] == 0 and run["output_bytes"] == 15_000_000
+            assert status == 200 and run["exit_code"] == 0 and run["output_bytes"] == 15_000_000, run
         grown = _rss_mb(cluster.server.pid) - before
         events = []
         while sum(event["event"] == "command.exited" for event in events) < 6:
