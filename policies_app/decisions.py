@@ -178,7 +178,7 @@ def store_taken(taken: Iterable[Taken], secrets: Iterable[str] = ()) -> None:
             shadow_allowed=shadow.allowed if shadow else None, shadow_effect=shadow.effect if shadow else "",
             shadow_reason_code=(shadow.reason_code or "") if shadow else "",
             shadow_rule_id=(shadow.rule_id or "") if shadow else ""))
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # inside a caller's transaction: no savepoint (see _store)
         rows.insert(records)
         count_decisions(records)
 
@@ -193,7 +193,9 @@ def _store(tenant, version, kind, request, decision: Decision, eval_us: int, ses
         effect=decision.effect, reason_code=decision.reason_code or "", rule_id=decision.rule_id or "",
         message=redact(decision.message, secrets), hint=redact(decision.hint, secrets), eval_us=eval_us, **extra,
     )
-    with transaction.atomic():
+    # Inside a caller's transaction (a command's proposal holds SQLite's one writer meanwhile), no
+    # savepoint: its two statements would cost as much as the record's own two.
+    with transaction.atomic(savepoint=False):
         rows.insert([record])
         count_decision(record)
     return record

@@ -47,7 +47,6 @@ def session_record_stats(*, session_id, cpu_s, memory_bytes, disk_bytes) -> None
     Session.objects.filter(pk=session_id).update(cpu_s=cpu_s, memory_bytes=memory_bytes, disk_bytes=disk_bytes)
 
 
-@transaction.atomic
 def command_queue(*, session: Session, argv: list[str], cwd: str, timeout_s: int,
                   decision: DecisionRecord) -> CommandRun:
     command = CommandRun(session=session, argv=argv, cwd=cwd, timeout_s=timeout_s, decision=decision)
