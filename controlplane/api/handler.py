@@ -36,12 +36,12 @@ from controlplane import security
 API_PREFIX = security.API_PREFIX
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY",
            "Content-Security-Policy": security.API}
-PROMPT_THREADS = 16
-# The API's threads. A view that waits for a runner (a command with `wait`, a sandbox made or
-# destroyed, a workspace file) holds one of `waiting` for as long as it waits; every other view
-# answers at once, on one of `prompt`, so a full `waiting` pool never holds those up.
+# The API's threads, AIRLOCK_API_THREADS of each kind. A view that waits for a runner (a command
+# with `wait`, a sandbox made or destroyed, a workspace file) holds one of `waiting` for as long as
+# it waits; every other view answers without a runner, on one of `prompt`, so a full `waiting`
+# pool never holds those up. (Some of those take a while too: a replay of 20,000 decisions.)
 waiting = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api")
-prompt = ThreadPoolExecutor(max_workers=PROMPT_THREADS, thread_name_prefix="airlock-api-prompt")
+prompt = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api-prompt")
 
 
 def waits_for_runner(view):
