@@ -20,6 +20,9 @@ Django offers no per-handler middleware, so this sets the handler's middleware a
 Upstream: Django ticket #37177, fewer context switches per middleware under ASGI
 (django/django#21523, open)."""
 
+import asyncio
+import collections
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
@@ -42,6 +45,56 @@ HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"
 # pool never holds those up. (Some of those take a while too: a replay of 20,000 decisions.)
 waiting = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api")
 prompt = ThreadPoolExecutor(max_workers=settings.AIRLOCK_API_THREADS, thread_name_prefix="airlock-api-prompt")
+
+
+TENANT = "airlock.tenant"  # the scope's key for the request's tenant, set by what stands in front of the API
+
+
+class Shares:
+    """At most `size` of one tenant's calls on a pool at once; the rest wait on the loop, in
+    order, holding no thread, so another tenant's calls always find one. (The rate a tenant may
+    send requests at counts them, not what each costs: a replay of 20,000 decisions takes ~0.5 s
+    of CPU.) Calls whose tenant is not known (None) share one count."""
+
+    def __init__(self):
+        self.held: collections.Counter = collections.Counter()
+        self.waiting: dict[object, collections.deque] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, tenant, size: int):
+        if self.held[tenant] < size:
+            self.held[tenant] += 1
+        else:
+            waiter = asyncio.get_running_loop().create_future()
+            self.waiting.setdefault(tenant, collections.deque()).append(waiter)
+            try:
+                await waiter  # handed a turn by a call that ended: `held` already counts it
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():  # handed over as it was cancelled: pass it on
+                    self._release(tenant)
+                elif (queue := self.waiting.get(tenant)) is not None:
+                    with contextlib.suppress(ValueError):
+                        queue.remove(waiter)
+                raise
+        try:
+            yield
+        finally:
+            self._release(tenant)
+
+    def _release(self, tenant) -> None:
+        queue = self.waiting.get(tenant)
+        while queue:
+            waiter = queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.waiting.pop(tenant, None)
+        self.held[tenant] -= 1
+        if self.held[tenant] <= 0:
+            del self.held[tenant]
+
+
+shares = Shares()  # of the prompt pool (a waiting call's share is sessions/admission.py's)
 
 
 def waits_for_runner(view):
@@ -80,10 +133,12 @@ class ApiHandler(ASGIHandler):
         try:
             request, response = self.create_request(scope, body)
             pool = prompt if request is None else self._pool(request)
-            # asgiref's bridge, not a bare executor: the layer's operations a view starts
-            # (async_to_sync) run on this loop, as they would under Django's own handler.
-            response = await sync_to_async(self._respond, thread_sensitive=False, executor=pool)(scope, request,
-                                                                                                  response)
+            share = shares.turn(scope.get(TENANT), max(1, settings.AIRLOCK_API_THREADS // 2)) if pool is prompt \
+                else contextlib.nullcontext()
+            async with share:
+                response = await self._run(pool, receive, scope, request, response)
+            if response is None:  # the client left before a thread took its request: it never ran
+                return
             try:
                 await self.send_response(response, send)
             finally:
@@ -91,6 +146,28 @@ class ApiHandler(ASGIHandler):
                     await sync_to_async(response.close, thread_sensitive=False, executor=pool)()
         finally:
             body.close()
+
+    async def _run(self, pool, receive, scope, request, response):
+        """The request on a thread of `pool`; None when its client leaves before a thread takes
+        it (as under Django's handler: a command nobody waits for any more is never proposed).
+        One already under way finishes, and its answer goes nowhere."""
+        # asgiref's bridge, not a bare executor: the layer's operations a view starts
+        # (async_to_sync) run on this loop, as they would under Django's own handler.
+        work = asyncio.ensure_future(sync_to_async(self._respond, thread_sensitive=False, executor=pool)(
+            scope, request, response))
+        gone = asyncio.ensure_future(receive())  # after the whole body, the next message says the client left
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not work.done() and gone.result()["type"] == "http.disconnect":
+                work.cancel()  # asgiref drops a job no thread has taken yet
+            return await work
+        except asyncio.CancelledError:
+            if work.cancelled():
+                return None
+            work.cancel()
+            raise
+        finally:
+            gone.cancel()
 
     @staticmethod
     def _pool(request) -> ThreadPoolExecutor:

@@ -22,7 +22,7 @@ from django.db import DatabaseError, close_old_connections
 
 from controlplane import security
 from controlplane.api.auth import key_tenant_id
-from controlplane.api.handler import HEADERS
+from controlplane.api.handler import HEADERS, TENANT
 from sessions.models import TOKEN_PREFIX
 from sessions.rate import Rate
 from sessions.selectors import session_by_token
@@ -59,6 +59,7 @@ class TenantThrottle:
                 return await _too_many(scope, send, rate.per_s)
             if wait:
                 await asyncio.sleep(wait)
+            scope = {**scope, TENANT: tenant}  # the handler shares its threads out by tenant
         return await self.app(scope, receive, send)
 
     async def _tenant(self, scope) -> int | None:

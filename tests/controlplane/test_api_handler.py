@@ -78,3 +78,34 @@ async def test_made_up_tokens_are_paced_like_requests_without_one(acme, make_key
     made_up = await asyncio.gather(*(whoami(f"alk_{n:08x}_not-a-real-secret") for n in range(20)))
     assert made_up.count(429) >= 8 and made_up.count(401) >= 4  # each looked up at the tokenless pace at most
     assert await whoami(real) == 200
+
+
+async def test_a_tenant_holds_at_most_its_share_of_the_threads_and_waits_in_order_for_more():
+    """controlplane/api/handler.py's Shares: a tenant past its share waits on the loop (no thread
+    held) for its own calls to end, in order; another tenant's calls go at once; a waiter that
+    gives up leaves no turn behind."""
+    from controlplane.api.handler import Shares
+
+    shares, order = Shares(), []
+    ours_done, theirs_ran = asyncio.Event(), asyncio.Event()
+
+    async def call(tenant, name, hold: asyncio.Event | None = None):
+        async with shares.turn(tenant, 2):
+            order.append(name)
+            if hold is not None:
+                await hold.wait()
+
+    first = asyncio.create_task(call("acme", "acme 1", ours_done))
+    second = asyncio.create_task(call("acme", "acme 2", ours_done))
+    third = asyncio.create_task(call("acme", "acme 3"))
+    abandoned = asyncio.create_task(call("acme", "acme 4 (gave up)"))
+    fourth = asyncio.create_task(call("acme", "acme 5"))
+    await asyncio.sleep(0.05)
+    assert order == ["acme 1", "acme 2"]  # two at once: the others wait
+    await call("globex", "globex")  # another tenant is not held up by acme's queue
+    theirs_ran.set()
+    abandoned.cancel()
+    ours_done.set()
+    await asyncio.gather(first, second, third, fourth)
+    assert order == ["acme 1", "acme 2", "globex", "acme 3", "acme 5"]
+    assert abandoned.cancelled() and not shares.held and not shares.waiting  # every turn came back

@@ -356,6 +356,37 @@ def test_airlock_api_threads_bounds_the_api_calls_that_wait_for_a_runner(deploym
     assert first_end <= created < second_end, (first_end, created, second_end)
 
 
+def test_a_waiting_call_whose_client_left_before_a_thread_took_it_never_runs(deployment, sandboxes):
+    """An agent whose HTTP client timed out retries: the call it abandoned, still queued for one
+    of the server's two API threads, must not run its command a second time later."""
+    first, second, third = sessions = [deployment.open() for _ in range(3)]
+    for session in (first, second):
+        assert deployment.put(session, "gated.py", GATED)[0] == 204
+    assert deployment.put(third, "say.py", b"print('served')\n")[0] == 204
+    holders = [threading.Thread(target=deployment.run, args=(session, "python3", "gated.py"))
+               for session in (first, second)]
+    states = deployment.command_states
+    try:
+        for thread in holders:
+            thread.start()
+        wait_until(lambda: states(first) == states(second) == ["running"], what="the two gated commands")
+        connection = http.client.HTTPConnection(HOST, deployment.port, timeout=10)
+        connection.request("POST", f"/api/v1/sessions/{third['id']}/commands",
+                           body=json.dumps({"bin": "python3", "args": ["say.py"], "wait": True}),
+                           headers={"Authorization": f"Bearer {third['token']}", "Content-Type": "application/json"})
+        time.sleep(0.5)  # the request is whole at the server, queued for a thread
+        connection.close()  # the client gives up
+        time.sleep(0.5)
+    finally:
+        for session in sessions[:2]:
+            (deployment.workspace(session) / "go").touch()
+        for thread in holders:
+            thread.join(30)
+    assert states(first) == states(second) == ["exited"]
+    assert deployment.run(third, "python3", "say.py")[0] == 200  # the threads are free again
+    assert states(third) == ["exited"]  # ... and only the call its client waited for ran
+
+
 def test_airlock_workspace_repos_gives_a_tenant_its_own_and_every_tenant_the_shared(deployment, sandboxes):
     own = deployment.open(workspace={"repo": "app"})
     assert deployment.get(own, "app.py") == (200, "APP = 'demo only'\n")
