@@ -1,13 +1,14 @@
-"""The agent API's own ASGI handler: each request runs whole on one thread of the API's pool, as
+"""The agent API's own ASGI handler: each request runs whole on one thread of the API's pools, as
 a threaded WSGI server runs Django (docs/architecture.md, "A command's way").
 
 Django's ASGIHandler gives every request its own thread for thread-sensitive work, started and
 joined per request, and hops to it and back for each step (the `request_started` signal, the
-view, the response's close), besides a task listening for a disconnect. Here the event loop
-reads the body and writes the response, and one hop to a pool thread does everything between:
-`request_started`, the view, `request_finished`. So each request's database connection is its
-thread's, opened and closed by CONN_MAX_AGE as in a WSGI server, and the views are plain
-synchronous ones: a view that waits for a runner holds its thread, not the loop.
+view, the response's close). Here the event loop reads the body, watches for the client leaving
+(a request no thread has taken yet is then dropped, as Django drops it) and writes the response,
+and one hop to a pool thread does everything between: `request_started`, the view,
+`request_finished`. So each request's database connection is its thread's, opened and closed by
+CONN_MAX_AGE as in a WSGI server, and the views are plain synchronous ones: a view that waits for
+a runner holds its thread, not the loop.
 
 Bearer-token requests need none of the dashboard's middleware (sessions, CSRF, authentication,
 messages). This handler keeps what the API needs: the Host check against ALLOWED_HOSTS, and the
@@ -158,16 +159,20 @@ class ApiHandler(ASGIHandler):
         gone = asyncio.ensure_future(receive())  # after the whole body, the next message says the client left
         try:
             await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not work.done() and gone.result()["type"] == "http.disconnect":
-                work.cancel()  # asgiref drops a job no thread has taken yet
-            return await work
         except asyncio.CancelledError:
-            if work.cancelled():
-                return None
             work.cancel()
             raise
         finally:
             gone.cancel()
+        if work.done() or gone.result()["type"] != "http.disconnect":
+            return await work
+        work.cancel()  # asgiref drops a job no thread has taken yet; one under way finishes
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # this request itself is being cancelled
+                raise
+            return None
 
     @staticmethod
     def _pool(request) -> ThreadPoolExecutor:
