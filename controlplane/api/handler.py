@@ -134,9 +134,8 @@ class ApiHandler(ASGIHandler):
         try:
             request, response = self.create_request(scope, body)
             pool = prompt if request is None else self._pool(request)
-            share = shares.turn(scope.get(TENANT), max(1, settings.AIRLOCK_API_THREADS // 2)) if pool is prompt \
-                else contextlib.nullcontext()
-            async with share:
+            share = max(1, settings.AIRLOCK_API_THREADS // 2)
+            async with shares.turn(scope.get(TENANT), share) if pool is prompt else contextlib.nullcontext():
                 response = await self._run(pool, receive, scope, request, response)
             if response is None:  # the client left before a thread took its request: it never ran
                 return
