@@ -51,7 +51,7 @@ from sessions.runtimes.base import (
     workspace_cwd,
 )
 from sessions.runtimes.cgroups import CgroupManager
-from sessions.runtimes.linux import is_mount_point, mount_tmpfs, unmount
+from sessions.runtimes.linux import adopt_orphans, is_mount_point, mount_tmpfs, reap_orphan, unmount
 
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin")  # util-linux, essential on Debian
@@ -83,6 +83,12 @@ class BubblewrapDriver(Driver):
         # Per sandbox: a kill meant for one command never reaches the next (see _stop).
         self._guards: dict[str, threading.RLock] = {}
         self._bwrap: str | None = None  # its path, once check() has found it
+        # bwrap's namespace init (pid 1 inside) outlives its parent, the outer bwrap, by a moment:
+        # the parent exits on the init's report of the command's exit. Orphaned, the init is
+        # reaped by this process (exec) instead of the host's init, which may reap nothing (a
+        # container's, a microVM's): kept as a zombie it stays charged to the sandbox's pids
+        # limit, and after `pids` commands no command could start.
+        adopt_orphans()
 
     # -- host checks -----------------------------------------------------------------------
     def check(self) -> None:
@@ -100,6 +106,7 @@ class BubblewrapDriver(Driver):
             probe = subprocess.run(  # every option a command's bwrap uses, bar the two descriptors
                 self._as_nobody([
                     bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+                    "--as-pid-1",  # no namespace init to outlive bwrap (see __init__): nothing to reap
                     "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
                     "--ro-bind", str(tree), "/", "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
                     "--size", str(2**20), "--tmpfs", "/tmp", "--chdir", "/", "--clearenv",  # noqa: S108
@@ -239,6 +246,8 @@ class BubblewrapDriver(Driver):
                     self.cgroups.kill_all(sandbox.id)
                 with self._lock:
                     self._running.pop(sandbox.id, None)
+            if running.inner_pid:
+                reap_orphan(running.inner_pid)
         reason = running.reason
         if reason is None and self.cgroups.available and self.cgroups.usage(sandbox.id).oom_kills > oom_before:
             reason = "oom"
@@ -336,6 +345,8 @@ class BubblewrapDriver(Driver):
         _close_pipes(running.process)
         with self._guard(sandbox_id), self._lock:
             self._running.pop(sandbox_id, None)
+        if running.inner_pid:
+            reap_orphan(running.inner_pid)
 
     def _guard(self, sandbox_id: str) -> threading.RLock:
         with self._lock:
