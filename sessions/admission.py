@@ -18,16 +18,14 @@
 import contextlib
 import threading
 from collections import Counter
-from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
 from controlplane import rows
-from sessions.models import ACTIVE_STATES, CommandRun, CommandState, Runner, Session
+from sessions.models import ACTIVE_STATES, CommandRun, CommandState, Session
 from sessions.runtimes.base import Limits
 
 
@@ -81,14 +79,6 @@ def lock_tenant(tenant) -> None:
     adding to it is one step (SQLite's writers are one at a time already)."""
     if connection.features.has_select_for_update:
         rows.select(type(tenant), ("pk",), {"pk": tenant.pk}, for_update=True)
-
-
-def runners_memory_mb() -> int:
-    """What the live runners may reserve in all. Read before the tenant's transaction: runners
-    come and go far more rarely than sessions, and the transaction holds the writer's turn."""
-    fresh = timezone.now() - timedelta(seconds=settings.AIRLOCK_RUNNER_DEAD_AFTER_S)
-    return Runner.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=fresh).aggregate(
-        total=Coalesce(Sum("memory_mb"), 0))["total"]
 
 
 def sessions_refusal(tenant, need_mb: int, runners_mb: int) -> str | None:

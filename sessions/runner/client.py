@@ -5,11 +5,12 @@ channel of its own (docs/architecture.md, "Runner")."""
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -29,28 +30,39 @@ class NoCapacity(Exception):
     pass
 
 
-def runner_pick(reserve_mb: int = 0) -> Runner:
+@dataclass(frozen=True)
+class Placement:
+    runner_id: str
+    # What the live runners may reserve in all (a tenant's share of it: sessions/admission.py).
+    # Read before the tenant's transaction: runners come and go far more rarely than sessions,
+    # and the transaction holds the writer's turn.
+    runners_mb: int
+
+
+def runner_pick(reserve_mb: int = 0) -> Placement:
     """The live runner with the fewest active sessions among those whose memory has room for
-    `reserve_mb` more (sessions/admission.py). An in-memory channel layer reaches only this
-    process's own runner."""
+    `reserve_mb` more (sessions/admission.py), and what every live runner may reserve: one
+    query. An in-memory channel layer reaches only this process's own runner."""
     fresh = timezone.now() - timedelta(seconds=settings.AIRLOCK_RUNNER_DEAD_AFTER_S)
-    runners = Runner.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=fresh)
+    active = Q(sessions__state__in=ACTIVE_STATES)
+    live = list(Runner.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=fresh)
+                .annotate(active=Count("sessions", filter=active),
+                          reserved=Coalesce(Sum("sessions__reserved_mb", filter=active), 0))
+                .values_list("pk", "memory_mb", "heartbeat_at", "active", "reserved"))
+    reachable = live
     if isinstance(get_channel_layer(), InMemoryChannelLayer):
         local = local_runner()
-        runners = runners.filter(pk=local.id if local else None)
-    active = Q(sessions__state__in=ACTIVE_STATES)
-    runners = runners.annotate(active=Count("sessions", filter=active),
-                               reserved=Coalesce(Sum("sessions__reserved_mb", filter=active), 0))
-    runner = runners.filter(reserved__lte=F("memory_mb") - reserve_mb).order_by("active", "-heartbeat_at").first()
-    if runner is None:
-        busiest = runners.order_by("-reserved").first()
-        if busiest is None:
+        reachable = [runner for runner in live if local is not None and runner[0] == local.id]
+    room = [runner for runner in reachable if runner[4] <= runner[1] - reserve_mb]
+    if not room:
+        if not reachable:
             raise NoRunner("no runner is alive: the server starts its own unless AIRLOCK_EMBEDDED_RUNNER=0; "
                            "otherwise start one with `manage.py runner`")
         raise NoCapacity(f"no runner has {reserve_mb} MB of memory left for this session's limits (its policy's "
                          f"memory_mb and disk_mb, and /tmp): the runners' sessions reserve all of their "
                          f"AIRLOCK_RUNNER_MEMORY_MB; end a session, or add a runner")
-    return runner
+    chosen = min(room, key=lambda runner: (runner[3], -runner[2].timestamp()))
+    return Placement(runner_id=chosen[0], runners_mb=sum(runner[1] for runner in live))
 
 
 def runner_call(runner_id: str, message: dict, *, timeout_s: float) -> dict:
