@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -42,8 +43,14 @@ def serving(**extra_env: str):
         yield f"http://127.0.0.1:{port}", key, data, server
     finally:
         if server is not None and server.poll() is None:
-            server.kill()
-            server.wait(10)
+            # As an operator stops it: its sandboxes go with it (a kill would leave their
+            # workspace mounts and cgroups behind, and rmtree cannot remove a mount point).
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(10)
         shutil.rmtree(data, ignore_errors=True)
 
 
