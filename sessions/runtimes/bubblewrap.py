@@ -221,7 +221,7 @@ class BubblewrapDriver(Driver):
         limits = sandbox.spec.limits
         timeout_s = min(timeout_s or limits.command_timeout_s, limits.command_timeout_s)
         started = time.monotonic()
-        oom_before = self.cgroups.usage(sandbox.id).oom_kills if self.cgroups.available else 0
+        oom_before = self.cgroups.oom_kills(sandbox.id) if self.cgroups.available else 0
         argv = egress_argv(sandbox.spec, argv) if egress else list(argv)
         running = self._start(sandbox, argv, cwd, sandbox_env(sandbox.spec, env), stdin, bulk)
         # The one deadline mechanism: it holds even when nobody reads the output.
@@ -249,7 +249,7 @@ class BubblewrapDriver(Driver):
             if running.inner_pid:
                 reap_orphan(running.inner_pid)
         reason = running.reason
-        if reason is None and self.cgroups.available and self.cgroups.usage(sandbox.id).oom_kills > oom_before:
+        if reason is None and self.cgroups.available and self.cgroups.oom_kills(sandbox.id) > oom_before:
             reason = "oom"
         yield ExitStatus(
             exit_code=None if reason in {"timeout", "killed", "output_limit"} else _exit_code(returncode),

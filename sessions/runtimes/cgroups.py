@@ -66,6 +66,7 @@ class CgroupManager:
         self.bases: dict[str, Path] = self._find_bases(root)
         self.owners = owners
         self._levels: dict[str, str] = {}  # sandbox id -> its tenant level
+        self._paths: dict[str, dict[str, Path]] = {}  # sandbox id -> its groups (read on every command)
         self._level_lock = threading.Lock()
         self.available = self._prepare()
         if self.available and owner is not None:
@@ -156,7 +157,12 @@ class CgroupManager:
 
     # -- one sandbox -----------------------------------------------------------------------
     def paths(self, sandbox_id: str) -> dict[str, Path]:
-        return {controller: base / self._level_of(sandbox_id) / sandbox_id for controller, base in self.bases.items()}
+        paths = self._paths.get(sandbox_id)
+        if paths is None:
+            level = self._level_of(sandbox_id)
+            paths = self._paths[sandbox_id] = {controller: base / level / sandbox_id
+                                               for controller, base in self.bases.items()}
+        return paths
 
     def _level_of(self, sandbox_id: str) -> str:
         """The tenant level a sandbox's cgroup sits in ("" for one made before there were any)."""
@@ -173,6 +179,7 @@ class CgroupManager:
         quota = str(max(1000, int(cpus * period)))
         level = TENANT_LEVEL + hashlib.sha256(tenant.encode()).hexdigest()[:12]
         self._levels[sandbox_id] = level
+        self._paths.pop(sandbox_id, None)
         paths = self.paths(sandbox_id)
         with self._level_lock:  # a tenant's level is not removed (its last sandbox gone) while one is added
             for base in self.bases.values():
@@ -218,14 +225,21 @@ class CgroupManager:
             return Usage(
                 cpu_s=cpu_usec / 1e6 if cpu_usec is not None else None,
                 memory_bytes=_read_int(group / "memory.peak") or _read_int(group / "memory.current"),
-                oom_kills=_stat_field(group / "memory.events", "oom_kill") or 0,
+                oom_kills=self.oom_kills(sandbox_id),
             )
         cpu_ns = _read_int(paths["cpuacct"] / "cpuacct.usage") if "cpuacct" in paths else None
         return Usage(
             cpu_s=cpu_ns / 1e9 if cpu_ns is not None else None,
             memory_bytes=_read_int(paths["memory"] / "memory.max_usage_in_bytes"),
-            oom_kills=_stat_field(paths["memory"] / "memory.oom_control", "oom_kill") or 0,
+            oom_kills=self.oom_kills(sandbox_id),
         )
+
+    def oom_kills(self, sandbox_id: str) -> int:
+        """How many of the sandbox's processes the kernel killed for its memory limit so far
+        (read before and after each command: the rest of `usage` is not needed there)."""
+        if self.version == 2:
+            return _stat_field(self.paths(sandbox_id)["unified"] / "memory.events", "oom_kill") or 0
+        return _stat_field(self.paths(sandbox_id)["memory"] / "memory.oom_control", "oom_kill") or 0
 
     def kill_all(self, sandbox_id: str, *, timeout_s: float = 5.0) -> bool:
         """SIGKILL every process of the sandbox; True when none is left. The group is frozen
@@ -279,6 +293,7 @@ class CgroupManager:
                 with self._level_lock, contextlib.suppress(OSError):  # the tenant's last sandbox: its level goes too
                     path.parent.rmdir()
         self._levels.pop(sandbox_id, None)
+        self._paths.pop(sandbox_id, None)
 
     def list_ids(self) -> set[str]:
         ids: set[str] = set()
