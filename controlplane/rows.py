@@ -31,48 +31,51 @@ def insert(records: list[Model]) -> None:
     if any(getattr(record, meta.pk.attname) is None for record in records):
         raise ValueError(f"rows.insert needs each {meta.object_name}'s primary key set before the write "
                          "(a default such as uuid4); the database would make it, and the instance not know it")
+    db = _database()
     fields = meta.concrete_fields
-    table = connection.ops.quote_name(meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
-    rows = [[field.get_db_prep_save(field.pre_save(record, True), connection) for field in fields]
-            for record in records]
-    with connection.cursor() as cursor:
+    table = db.ops.quote_name(meta.db_table)
+    columns = ", ".join(db.ops.quote_name(field.column) for field in fields)
+    rows = [[field.get_db_prep_save(field.pre_save(record, True), db) for field in fields] for record in records]
+    with db.cursor() as cursor:
         cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})",  # noqa: S608
                            rows)
     for record in records:
-        record._state.adding, record._state.db = False, connection.alias
+        record._state.adding, record._state.db = False, db.alias
 
 
 def update(model: type[Model], where: dict, values: dict) -> int:
     """UPDATE model SET values WHERE where; the number of rows changed (as QuerySet.update)."""
-    sql, fields, where_fields = _statement(model, "update", tuple(values), _shape(where), connection.vendor)
-    params = [field.get_db_prep_save(value, connection) for field, value in zip(fields, values.values(), strict=True)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params + _params(where_fields, where))
+    db = _database()
+    sql, fields, where_fields = _statement(model, "update", tuple(values), _shape(where), db.vendor)
+    params = [field.get_db_prep_save(value, db) for field, value in zip(fields, values.values(), strict=True)]
+    with db.cursor() as cursor:
+        cursor.execute(sql, params + _params(where_fields, where, db))
         return cursor.rowcount
 
 
 def select(model: type[Model], columns: Iterable[str], where: dict, *, for_update: bool = False) -> list[tuple]:
     """The columns (field names) of the rows matching `where`, converted as the ORM reads them;
     `for_update` locks them for the transaction where the database can (PostgreSQL)."""
-    if for_update and not connection.in_atomic_block:
+    db = _database()
+    if for_update and not db.in_atomic_block:
         raise TransactionManagementError("rows.select(for_update=True) locks until the transaction ends: run it in one")
-    kind = "select for update" if for_update and connection.features.has_select_for_update else "select"
-    sql, fields, where_fields = _statement(model, kind, tuple(columns), _shape(where), connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, _params(where_fields, where))
+    kind = "select for update" if for_update and db.features.has_select_for_update else "select"
+    sql, fields, where_fields = _statement(model, kind, tuple(columns), _shape(where), db.vendor)
+    with db.cursor() as cursor:
+        cursor.execute(sql, _params(where_fields, where, db))
         found = cursor.fetchall()
-    readers = _readers(fields)
-    return [tuple(_convert(value, reader) for value, reader in zip(row, readers, strict=True)) for row in found]
+    readers = _readers(fields, db)
+    return [tuple(_convert(value, reader, db) for value, reader in zip(row, readers, strict=True)) for row in found]
 
 
 def get(model: type[Model], where: dict, *, related: tuple[str, ...] = ()) -> Model | None:
     """The one row matching `where` as an instance, or None; with the rows its foreign keys
     `related` name (paths such as "policy_version__policy") joined in the same SELECT and
     cached on it, as select_related leaves them. More than one row raises ValueError."""
-    sql, models, where_fields = _joined(model, related, _shape(where), connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, _params(where_fields, where))
+    db = _database()
+    sql, models, where_fields = _joined(model, related, _shape(where), db.vendor)
+    with db.cursor() as cursor:
+        cursor.execute(sql, _params(where_fields, where, db))
         found = cursor.fetchmany(2)
     if len(found) > 1:
         raise ValueError(f"rows.get: more than one {model.__name__} matches")
@@ -80,8 +83,8 @@ def get(model: type[Model], where: dict, *, related: tuple[str, ...] = ()) -> Mo
         return None
     values, instances = iter(found[0]), {}
     for path, joined, parent, via, names, fields, pk_at in models:
-        row = [_convert(next(values), reader) for reader in _readers(fields)]
-        instance = None if row[pk_at] is None else joined.from_db(connection.alias, names, row)
+        row = [_convert(next(values), reader, db) for reader in _readers(fields, db)]
+        instance = None if row[pk_at] is None else joined.from_db(db.alias, names, row)
         instances[path] = instance
         if parent is not None and instances[parent] is not None:
             setattr(instances[parent], via, instance)
@@ -89,9 +92,10 @@ def get(model: type[Model], where: dict, *, related: tuple[str, ...] = ()) -> Mo
 
 
 def count(model: type[Model], where: dict) -> int:
-    sql, _, where_fields = _statement(model, "count", (), _shape(where), connection.vendor)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, _params(where_fields, where))
+    db = _database()
+    sql, _, where_fields = _statement(model, "count", (), _shape(where), db.vendor)
+    with db.cursor() as cursor:
+        cursor.execute(sql, _params(where_fields, where, db))
         return cursor.fetchone()[0]
 
 
@@ -110,13 +114,13 @@ def _shape(where: dict) -> tuple:
     return tuple(shape)
 
 
-def _params(fields: tuple, where: dict) -> list:
+def _params(fields: tuple, where: dict, db) -> list:
     params = []
     for field, value in zip(fields, where.values(), strict=True):
         if isinstance(value, tuple | list | set | frozenset):
-            params += [field.get_db_prep_value(item, connection, prepared=False) for item in value]
+            params += [field.get_db_prep_value(item, db, prepared=False) for item in value]
         else:
-            params.append(field.get_db_prep_value(value, connection, prepared=False))
+            params.append(field.get_db_prep_value(value, db, prepared=False))
     return params
 
 
@@ -208,27 +212,31 @@ def _quote(name: str) -> str:
     return connection.ops.quote_name(name)
 
 
-def _readers(fields) -> list[tuple]:
+def _readers(fields, db) -> list[tuple]:
     """Per field, its column expression and the converters the ORM's compiler applies to what
     the database returns for it (the backend's, then the column's: a foreign key's include its
-    target's). Converters are bound to one connection (this thread's): kept per connection."""
-    wrapper = connections[DEFAULT_DB_ALIAS]
-    known = _known_readers.get(wrapper)
+    target's). Converters are bound to one connection (this thread's `db`): kept per connection."""
+    known = _known_readers.get(db)
     if known is None:
-        known = _known_readers[wrapper] = {}
+        known = _known_readers[db] = {}
     readers = []
     for field in fields:
         reader = known.get(field)
         if reader is None:
             column = field.get_col(field.model._meta.db_table)
-            reader = known[field] = (column, tuple(wrapper.ops.get_db_converters(column)
-                                                   + column.get_db_converters(wrapper)))
+            reader = known[field] = (column, tuple(db.ops.get_db_converters(column) + column.get_db_converters(db)))
         readers.append(reader)
     return readers
 
 
-def _convert(value, reader: tuple):
+def _convert(value, reader: tuple, db):
     column, converters = reader
     for converter in converters:
-        value = converter(value, column, connection)
+        value = converter(value, column, db)
     return value
+
+
+def _database():
+    """This thread's connection, looked up once per statement: `django.db.connection` is a proxy
+    that looks it up again on every attribute, and preparing a row's values reads it ~20 times."""
+    return connections[DEFAULT_DB_ALIAS]
