@@ -117,7 +117,10 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
     policy = Policy.objects.filter(tenant=tenant, name=policy_name).first()
     if eval_version is not None and (policy is None or eval_version.policy_id != policy.pk):
         raise LifecycleError("policy_reserved", f"that version is not of this tenant's {EVAL_POLICY!r}", 403)
-    version = eval_version or (policy.published_version() if policy else None)
+    if policy is None:
+        raise LifecycleError("policy_not_found", f"this tenant has no policy named {policy_name!r}; the policies it "
+                             "has are listed by GET /api/v1/policies", 404)
+    version = eval_version or policy.published_version()
     if version is None:
         raise LifecycleError("policy_not_published", f"policy {policy_name!r} has no published version; a security "
                              "admin can publish one", 409)

@@ -112,7 +112,10 @@ try:
             if exc.errno == errno.ENXIO:  # a socket
                 raise NotRegular from None
             raise
-        if not stat.S_ISREG(os.fstat(src).st_mode):
+        kind = os.fstat(src).st_mode
+        if stat.S_ISDIR(kind):
+            raise OSError(errno.EISDIR, parts[-1])
+        if not stat.S_ISREG(kind):
             raise NotRegular
         with os.fdopen(src, "rb") as f:
             data = f.read(limit + 1)
@@ -180,7 +183,9 @@ QUOTA_DETAIL = ("the workspace is full (its size is the policy's limits.disk_mb)
                 "large one, then write again")
 ERRORS = {
     "ENOENT": ("not_found", "no such file in the workspace"),
-    "EISDIR": ("is_a_directory", "the path is a directory"),
+    "EISDIR": ("is_a_directory", "the path is a directory: a directory is listed (GET …/files?path=), not read "
+               "or written"),
+    "ENAMETOOLONG": ("name_too_long", "a name in the path is longer than 255 bytes, the most the workspace holds"),
     "ENOTDIR": ("not_a_directory", "a component of the path is not a directory"),
     "ELOOP": ("symlink_refused", "the path goes through a symbolic link; links are never followed"),
     "ENOSPC": ("quota_exceeded", QUOTA_DETAIL),

@@ -13,7 +13,6 @@ from airlock import (
     AsyncAirlock,
     BadRequest,
     CommandDenied,
-    Conflict,
     FileDenied,
     NotFound,
     Output,
@@ -123,9 +122,9 @@ def test_the_servers_error_codes_become_typed_exceptions(demo_server, client):
     with client.sessions.create(conversation_id="sdk-errors") as session, pytest.raises(BadRequest) as bad:
         session.run("pytest", timeout_s=0)
     assert bad.value.code == "invalid_request" and "timeout_s" in bad.value.fields
-    with pytest.raises(Conflict) as no_policy:
+    with pytest.raises(NotFound) as no_policy:
         client.sessions.create(conversation_id="sdk-errors", policy="no-such-policy")
-    assert (no_policy.value.status, no_policy.value.code) == (409, "policy_not_published")
+    assert (no_policy.value.status, no_policy.value.code) == (404, "policy_not_found")
 
 
 def test_a_session_created_elsewhere_is_driven_with_the_key(client):

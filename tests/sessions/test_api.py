@@ -310,6 +310,16 @@ def test_a_fifo_or_socket_in_the_workspace_is_neither_read_nor_replaced(agent):
         assert write.status_code == 400 and write.json()["error"] == "not_a_regular_file", write.content
 
 
+def test_a_directory_or_an_overlong_name_says_so(agent):
+    session = agent.open()
+    agent.put(session, "tests/test_x.py", b"")
+    for method in (agent.get, lambda session, path: agent.put(session, path, b"x")):
+        response = method(session, "tests")
+        assert response.status_code == 400 and response.json()["error"] == "is_a_directory", response.content
+        response = method(session, "a" * 300)
+        assert response.status_code == 400 and response.json()["error"] == "name_too_long", response.content
+
+
 def test_one_tenant_holds_at_most_its_share_of_the_waiting_threads(agent, acme, globex, make_key, api, settings):
     """Calls that wait for a runner hold a server thread each: past AIRLOCK_API_WAITING_PER_TENANT
     a tenant's next one is refused at once, and another tenant's calls go on."""
@@ -446,9 +456,16 @@ def test_a_key_without_the_sessions_scope_cannot_open_sessions(acme, acme_policy
     assert response.status_code == 403
 
 
-def test_a_session_needs_a_published_policy(acme, make_key, api, runner):
-    response = api(make_key(acme).key).post("/api/v1/sessions", {"conversation_id": "c", "policy": "nope"},
-                                            content_type="application/json")
+def test_a_session_needs_a_policy_of_that_name_and_a_published_version(acme, make_key, api, runner):
+    from policies_app.services import policy_create
+
+    policy_create(tenant=acme, name="draft", actor=None)
+    client = api(make_key(acme).key)
+    response = client.post("/api/v1/sessions", {"conversation_id": "c", "policy": "nope"},
+                           content_type="application/json")
+    assert response.status_code == 404 and response.json()["error"] == "policy_not_found"
+    response = client.post("/api/v1/sessions", {"conversation_id": "c", "policy": "draft"},
+                           content_type="application/json")
     assert response.status_code == 409 and response.json()["error"] == "policy_not_published"
 
 

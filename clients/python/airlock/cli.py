@@ -369,7 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Denied as exc:
         if args.json:
             _print_json({"error": exc.code, "decision": asdict(exc.decision)})
-        print(f"airlock: denied ({exc.reason_code}) by {exc.rule or 'the default'}: {exc.message}", file=sys.stderr)
+        by = f"rule `{exc.rule}`" if exc.rule else "default deny (no rule allows it)"
+        print(f"airlock: denied ({exc.reason_code}) by {by}: {exc.message}", file=sys.stderr)
         if exc.hint:
             print(f"airlock: hint: {exc.hint}", file=sys.stderr)
         return EXIT_DENIED
