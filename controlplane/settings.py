@@ -280,9 +280,6 @@ if AIRLOCK_MAX_REQUEST_BYTES < AIRLOCK_MAX_FILE_BYTES:
         f"AIRLOCK_MAX_REQUEST_BYTES={AIRLOCK_MAX_REQUEST_BYTES} is below AIRLOCK_MAX_FILE_BYTES="
         f"{AIRLOCK_MAX_FILE_BYTES}: a file of the allowed size could never be sent"
     )
-# One bound for every body: the server's own 413 (controlplane/asgi.py). Django's default (2.5
-# MiB) would answer a JSON body between the two with its HTML 400 page.
-DATA_UPLOAD_MAX_MEMORY_SIZE = AIRLOCK_MAX_REQUEST_BYTES
 # Local git repositories a session may start from: "acme:app=/srv/app" for tenant acme's sessions
 # only; "docs=/srv/docs", with no tenant, for every tenant's.
 AIRLOCK_WORKSPACE_REPOS = [item.partition("=")[::2] for item in env_list("AIRLOCK_WORKSPACE_REPOS", [])]

@@ -1,6 +1,8 @@
 """One error shape for the whole API: `{"error": <code>, "detail": <text>, "fields"?: {...}}`."""
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -15,6 +17,10 @@ def exception_handler(exc, context):
         return Response({"error": "not_found", "detail": "not found"}, status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
+    if isinstance(exc, RequestDataTooBig):  # Django's bound on a parsed body; unanswered, its HTML 400
+        return Response({"error": "request_too_large", "detail": f"a JSON body may hold at most "
+                         f"{settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (a workspace file, sent as raw bytes, up to "
+                         f"AIRLOCK_MAX_FILE_BYTES)"}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

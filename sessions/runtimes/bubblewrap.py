@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
@@ -51,7 +51,7 @@ from sessions.runtimes.base import (
     workspace_cwd,
 )
 from sessions.runtimes.cgroups import CgroupManager
-from sessions.runtimes.linux import adopt_orphans, is_mount_point, mount_tmpfs, reap_orphan, unmount
+from sessions.runtimes.linux import adopt_orphans, children, is_mount_point, mount_tmpfs, pidfd, reap, unmount
 
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin")  # util-linux, essential on Debian
@@ -64,6 +64,9 @@ class _Running:
     process: subprocess.Popen
     inner_pid: int | None = None
     reason: str | None = None  # set by whoever kills it: timeout, killed, output_limit
+    # pidfds of bwrap's namespace init (and, when it was killed before the init was known, of
+    # whatever the outer bwrap had started): reaped once the command is over (see __init__).
+    pidfds: list[int] = field(default_factory=list)
 
 
 def cgroup_group(sandbox_dir: Path) -> str:
@@ -87,7 +90,8 @@ class BubblewrapDriver(Driver):
         # the parent exits on the init's report of the command's exit. Orphaned, the init is
         # reaped by this process (exec) instead of the host's init, which may reap nothing (a
         # container's, a microVM's): kept as a zombie it stays charged to the sandbox's pids
-        # limit, and after `pids` commands no command could start.
+        # limit, and after `pids` commands no command could start. (Should the kernel refuse,
+        # they are the host init's to reap, as before.)
         adopt_orphans()
 
     # -- host checks -----------------------------------------------------------------------
@@ -246,8 +250,7 @@ class BubblewrapDriver(Driver):
                     self.cgroups.kill_all(sandbox.id)
                 with self._lock:
                     self._running.pop(sandbox.id, None)
-            if running.inner_pid:
-                reap_orphan(running.inner_pid)
+            _reap(running)
         reason = running.reason
         if reason is None and self.cgroups.available and self.cgroups.oom_kills(sandbox.id) > oom_before:
             reason = "oom"
@@ -319,6 +322,8 @@ class BubblewrapDriver(Driver):
             self._confine(sandbox, early)
             try:
                 running.inner_pid = _read_child_pid(info_read)
+                if (descriptor := pidfd(running.inner_pid)) is not None:
+                    running.pidfds.append(descriptor)
             except SandboxError as exc:
                 raise SandboxError(f"{exc}: {_startup_error(process)}") from None
             self._confine(sandbox, [pid for pid in (process.pid, running.inner_pid) if pid not in early])
@@ -345,8 +350,7 @@ class BubblewrapDriver(Driver):
         _close_pipes(running.process)
         with self._guard(sandbox_id), self._lock:
             self._running.pop(sandbox_id, None)
-        if running.inner_pid:
-            reap_orphan(running.inner_pid)
+        _reap(running)
 
     def _guard(self, sandbox_id: str) -> threading.RLock:
         with self._lock:
@@ -372,11 +376,18 @@ class BubblewrapDriver(Driver):
         # Killing bwrap's outer process kills its namespace init (die-with-parent), and with
         # the init the kernel kills every process of the PID namespace. Popen.kill() signals
         # only while the process is not yet reaped, so a recycled pid is never hit; the inner
-        # pid is signalled only while the outer one, its parent, still runs.
+        # pid is signalled only while the outer one, its parent, still runs. Before the init is
+        # known (still starting), it may not have set die-with-parent yet: the outer's whole
+        # process group goes (the init joins the command's own session only later), and what
+        # the outer had started is reaped with the rest.
         if running.process.poll() is None:
             if running.inner_pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(running.inner_pid, signal.SIGKILL)
+            else:
+                running.pidfds += [fd for fd in map(pidfd, children(running.process.pid)) if fd is not None]
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(running.process.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 running.process.kill()
         # Whatever the command left in the sandbox, only while it is still the sandbox's command:
@@ -442,11 +453,19 @@ def _read_child_pid(fd: int) -> int:
 
 
 def _startup_error(process: subprocess.Popen) -> str:
-    """What bwrap said on stderr when it gave up before starting the command."""
+    """What bwrap said on stderr when it gave up before starting the command. Never waits on
+    the pipe: a process bwrap started may hold it open."""
     with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
         process.wait(timeout=5)
+        os.set_blocking(process.stderr.fileno(), False)
         return os.read(process.stderr.fileno(), 4096).decode(errors="replace").strip()
     return "no message"
+
+
+def _reap(running: _Running) -> None:
+    for descriptor in running.pidfds:
+        reap(descriptor)
+    running.pidfds.clear()
 
 
 def _stream(process: subprocess.Popen) -> Iterator[Chunk]:

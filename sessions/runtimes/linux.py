@@ -1,6 +1,5 @@
 """Thin wrappers over Linux calls the drivers need and Python does not expose."""
 
-import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -37,38 +36,43 @@ def is_mount_point(path: Path) -> bool:
         return False
 
 
-def adopt_orphans() -> None:
+def adopt_orphans() -> bool:
     """Processes orphaned below this one become its children (PR_SET_CHILD_SUBREAPER), not the
-    host init's, so that this process can reap them (`reap_orphan`): an init that reaps nothing
-    (a container's or a microVM's) would keep each as a zombie for good."""
-    if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(error)}")
+    host init's, so that this process can reap them (`reap`): an init that reaps nothing (a
+    container's or a microVM's) would keep each as a zombie for good. False if the kernel refused."""
+    return _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def reap_orphan(pid: int, *, timeout_s: float = 1.0) -> bool:
-    """Reap `pid` if it is an orphan adopted by this process: its parent is this process (a
-    child of this process's own is reaped by whoever started it, and is never passed here).
-    Waits at most timeout_s for it to exit. True when it was reaped."""
-    if _parent_of(pid) != os.getpid():
-        return False
+def pidfd(pid: int) -> int | None:
+    """A descriptor that names this one process for as long as it is open (its pid may be reused
+    once it is reaped; the descriptor never refers to another), or None if it is gone."""
     try:
-        descriptor = os.pidfd_open(pid)  # readable once it has exited
+        return os.pidfd_open(pid)
     except OSError:
-        return False
+        return None
+
+
+def reap(descriptor: int, *, timeout_s: float = 1.0) -> bool:
+    """Reap the process `descriptor` names (and close the descriptor) once it has exited, if it is
+    this process's child by then (an orphan adopted through `adopt_orphans`); a process another
+    one reaped, or one still running after timeout_s, is left alone. True when it was reaped here."""
     try:
-        if not select.select([descriptor], [], [], timeout_s)[0]:
+        poller = select.poll()  # not select(): a descriptor past 1023 is fine
+        poller.register(descriptor, select.POLLIN)
+        if not poller.poll(timeout_s * 1000):
             return False
-        with contextlib.suppress(ChildProcessError):
-            return os.waitpid(pid, os.WNOHANG)[0] == pid
-        return False
+        try:
+            return os.waitid(os.P_PIDFD, descriptor, os.WEXITED | os.WNOHANG) is not None
+        except ChildProcessError:  # not ours: its parent reaped it
+            return False
     finally:
         os.close(descriptor)
 
 
-def _parent_of(pid: int) -> int | None:
+def children(pid: int) -> list[int]:
+    """The pids of a (single-threaded) process's children, as the kernel lists them."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as listed:
+            return [int(child) for child in listed.read().split()]
+    except (OSError, ValueError):
+        return []

@@ -146,6 +146,38 @@ def test_kill_stops_a_running_command(driver, sandbox):
     assert run(driver, sandbox, ["true"]).status.exit_code == 0  # the sandbox still works
 
 
+def _zombie_children() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            state, parent = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state == b"Z" and int(parent) == os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_kill_while_a_command_starts_ends_it_and_leaves_nothing(driver, sandbox):
+    # Killed before bwrap had reported its namespace init, the init kept waiting outside the
+    # sandbox's cgroups holding the command's pipes: exec() hung reading them (1 run in ~60).
+    before = set(_zombie_children())
+    for attempt in range(60 if driver.name == "bubblewrap" else 8):
+        ended: list = []
+        runner = threading.Thread(target=lambda into=ended: into.append(list(driver.exec(sandbox, ["true"]))[-1]),
+                                  daemon=True)
+        killer = threading.Timer(attempt % 7 / 1000, driver.kill, args=(sandbox,))
+        runner.start()
+        killer.start()
+        runner.join(20)
+        killer.join()
+        assert ended, f"attempt {attempt}: the command never ended"
+        assert ended[0].reason in {"killed", "exited"}, ended[0]
+    assert run(driver, sandbox, ["true"]).status.exit_code == 0
+    time.sleep(0.2)
+    assert set(_zombie_children()) <= before  # every process bwrap left was reaped
+
+
 def test_a_kill_never_reaches_the_command_that_follows(driver, sandbox):
     for _ in range(5 if driver.name == "gvisor" else 15):
         events = driver.exec(sandbox, ["python3", "-c", "import time; print('up', flush=True); time.sleep(300)"])
