@@ -118,8 +118,8 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
     if eval_version is not None and (policy is None or eval_version.policy_id != policy.pk):
         raise LifecycleError("policy_reserved", f"that version is not of this tenant's {EVAL_POLICY!r}", 403)
     if policy is None:
-        raise LifecycleError("policy_not_found", f"this tenant has no policy named {policy_name!r}; the policies it "
-                             "has are listed by GET /api/v1/policies", 404)
+        raise LifecycleError("policy_not_found", f"this tenant has no policy named {policy_name!r} (a key with the "
+                             "scope policies:read lists them: GET /api/v1/policies)", 404)
     version = eval_version or policy.published_version()
     if version is None:
         raise LifecycleError("policy_not_published", f"policy {policy_name!r} has no published version; a security "
