@@ -152,8 +152,8 @@ def session_open(*, tenant: Tenant, conversation_id: str, policy_name: str, repo
         error = LifecycleError("too_many_sessions", evaluation.decision.message, 429)
         error.decision = record_payload(evaluation.record)
         raise error from None
-    reply = runner_call(placed.runner_id, {"type": "session.create", "session": str(session.pk), "tenant": tenant.pk,
-                                    "reserved_mb": reserve}, timeout_s=CREATE_TIMEOUT_S)
+    reply = runner_call(placed.runner_id, {"type": "session.create", "session": str(session.pk),
+                                           "tenant": tenant.pk, "reserved_mb": reserve}, timeout_s=CREATE_TIMEOUT_S)
     if not reply.get("ok"):
         session_finish(session_id=session.pk, state=SessionState.FAILED, reason=reply.get("detail", ""))
         if reply.get("error") == "no_capacity":  # the runner's own count: placement raced another open

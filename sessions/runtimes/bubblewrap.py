@@ -378,8 +378,8 @@ class BubblewrapDriver(Driver):
         # only while the process is not yet reaped, so a recycled pid is never hit; the inner
         # pid is signalled only while the outer one, its parent, still runs. Before the init is
         # known (still starting), it may not have set die-with-parent yet: the outer's whole
-        # process group goes (the init joins the command's own session only later), and what
-        # the outer had started is reaped with the rest.
+        # process group goes (the init stays in it; only the command starts a session of its
+        # own), and what the outer had started is reaped with the rest.
         if running.process.poll() is None:
             if running.inner_pid:
                 with contextlib.suppress(ProcessLookupError):
