@@ -4,6 +4,7 @@ the CLI, an MCP client. Its sandboxes reach loopback upstreams only, through the
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -81,6 +82,19 @@ def _wait_until_listening(port: int, process: subprocess.Popen, timeout_s: float
     raise RuntimeError("the server did not start listening")
 
 
+def stop_server(process: subprocess.Popen) -> None:
+    """As an operator stops it: SIGTERM, so its sessions end and their sandboxes go with them (a
+    kill would leave their workspace mounts and cgroups behind); a kill past 30 s."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
 @pytest.fixture(scope="session")
 def upstreams(tmp_path_factory):
     """Loopback upstreams the demo server's sandboxes reach through their egress proxy."""
@@ -119,5 +133,4 @@ def demo_server(tmp_path_factory, upstreams, built_rootfs):  # its sessions need
         _wait_until_listening(port, process, log=log)
         yield server
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop_server(process)

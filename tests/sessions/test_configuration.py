@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import sqlite3
 import stat
@@ -37,7 +36,7 @@ from sessions.runner import records
 from sessions.runtimes import get_driver, rootfs
 from sessions.runtimes.base import Limits, SandboxSpec
 from tests.http import call_api
-from tests.live import _free_port
+from tests.live import _free_port, stop_server
 from tests.sessions.conftest import Agent, running_runner
 from tests.sessions.test_cluster import _manage, wait_until
 
@@ -209,12 +208,7 @@ def deployment():
                          password=re.search(r"password: (\S+)", printed).group(1))
     finally:
         if server is not None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(10)
+            stop_server(server)
         if log.exists():
             print(f"--- server.log\n{log.read_text(errors='replace')[-4000:]}")
         shutil.rmtree(base, ignore_errors=True)

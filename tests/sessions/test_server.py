@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from sessions.runtimes.bubblewrap import BubblewrapDriver
 from tests.http import call_api
-from tests.live import _free_port, _wait_until_listening
+from tests.live import _free_port, _wait_until_listening, stop_server
 from tests.sessions.test_cluster import SLEEPER, _manage, _start, wait_until
 
 
@@ -42,15 +41,8 @@ def serving(**extra_env: str):
         _wait_until_listening(port, server)
         yield f"http://127.0.0.1:{port}", key, data, server
     finally:
-        if server is not None and server.poll() is None:
-            # As an operator stops it: its sandboxes go with it (a kill would leave their
-            # workspace mounts and cgroups behind, and rmtree cannot remove a mount point).
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(10)
+        if server is not None:
+            stop_server(server)  # its sandboxes go with it: rmtree cannot remove their mount points
         shutil.rmtree(data, ignore_errors=True)
 
 
