@@ -96,12 +96,13 @@ class CommandCreateSerializer(serializers.Serializer):
                                               "workspace file")
         return args
 
-    def request_for_policy(self) -> dict:
-        data = self.validated_data
-        request = {"bin": data["bin"], "args": data["args"], "cwd": data["cwd"]}
-        if "timeout_s" in data:
-            request["timeout_s"] = data["timeout_s"]
-        return request
+
+def command_request(data: dict) -> dict:
+    """What the policy judges of a validated CommandCreateSerializer body."""
+    request = {"bin": data["bin"], "args": data["args"], "cwd": data["cwd"]}
+    if "timeout_s" in data:
+        request["timeout_s"] = data["timeout_s"]
+    return request
 
 
 class PolicyVersionRefSerializer(serializers.Serializer):

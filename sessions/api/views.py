@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from controlplane.api.auth import ApiKeyAuthentication, ApiPrincipal
 from controlplane.api.handler import waits_for_runner
+from controlplane.api.validation import validated
 from controlplane.audit import actor_label
 from sessions import admission, broker, lifecycle
 from sessions.api import serializers as s
@@ -72,9 +73,7 @@ def sessions(request):
         params.is_valid(raise_exception=True)
         found = session_search(request.user.tenant, **params.validated_data).order_by("-created_at")[:200]
         return Response(s.SessionSerializer(found, many=True).data)
-    serializer = s.SessionCreateSerializer(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    data = serializer.validated_data
+    data = validated(s.SessionCreateSerializer, request.data)
     try:
         with admission.waiting_call(request.user.tenant):
             created = lifecycle.session_open(
@@ -129,12 +128,11 @@ def commands(request, session_id):
     session = session_for(request, session_id)
     if request.method == "GET":
         return Response([s.command_body(command) for command in command_list(session)])
-    serializer = s.CommandCreateSerializer(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    wait = serializer.validated_data["wait"]
+    data = validated(s.CommandCreateSerializer, request.data)
+    wait = data["wait"]
     try:
         with admission.waiting_call(session.tenant) if wait else contextlib.nullcontext():
-            command = broker.command_propose(session=session, request=serializer.request_for_policy(), wait=wait)
+            command = broker.command_propose(session=session, request=s.command_request(data), wait=wait)
     except (broker.BrokerError, admission.Refused) as exc:
         return _refused(exc)
     if not command.finished and wait:  # the wait ran out, or the session ended meanwhile: as stored now
