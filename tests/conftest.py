@@ -1,7 +1,10 @@
 """Shared fixtures. The cast (after healthchecks' hc/test.py): alice is acme's tenant_admin,
 bob her teammate (a viewer), charlie an outsider who runs the tenant globex."""
 
+from pathlib import Path
+
 import pytest
+from django.conf import settings
 from django.test import Client
 
 from controlplane import services
@@ -47,6 +50,15 @@ def django_db_setup(django_db_setup, django_db_blocker):
     for pool in (waiting, prompt):
         close_connections_and_shutdown(pool)
     SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=10)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Django removes the SQLite test database's file at the end; SQLite's write-ahead log and
+    shared-memory files beside it stayed in the temporary directory, two more every run."""
+    database = settings.DATABASES["default"]
+    if "sqlite" in database["ENGINE"] and (name := database.get("TEST", {}).get("NAME")):
+        for suffix in ("-wal", "-shm"):
+            Path(f"{name}{suffix}").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
