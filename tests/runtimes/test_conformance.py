@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -434,6 +435,22 @@ def test_destroy_leaves_nothing_behind(driver, make_sandbox):
     else:
         assert driver.client.containers.list(all=True, filters={"label": f"airlock.session={sandbox.id}"}) == []
     driver.destroy(sandbox)  # idempotent
+
+
+def test_a_kill_reaches_every_process_in_the_sandboxs_cgroups(driver, sandbox):
+    """Bubblewrap's kill takes every process its cgroups hold, one outside the sandbox's PID
+    namespace too (killing the namespace's init ends only what is inside it)."""
+    if driver.name != "bubblewrap" or not driver.cgroups.available:
+        pytest.skip("bubblewrap with cgroups: Docker kills a container's processes itself")
+    stray = subprocess.Popen(["sleep", "60"])
+    try:
+        driver.cgroups.attach(sandbox.id, stray.pid)
+        driver.kill(sandbox)
+        assert stray.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        stray.kill()
+        stray.wait()
+    assert run(driver, sandbox, ["true"]).status.exit_code == 0
 
 
 def test_orphans_are_listed_and_reaped(driver, make_sandbox):
