@@ -10,9 +10,25 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
 
 
 def host_notes() -> str:
-    """The host settings that move these figures (sessions/runtimes/cgroups.py says why)."""
+    """The host settings that move these figures (sessions/runtimes/cgroups.py and enter.c say
+    why): whether a bubblewrap command that follows a pause waits for the kernel to move it into
+    its cgroups."""
     try:
         expedited = Path("/sys/kernel/rcu_expedited").read_text().strip()
     except OSError:
         expedited = "unknown"
-    return f"host: /sys/kernel/rcu_expedited = {expedited} (1 spares a cgroup move its ~11 ms grace-period wait)"
+    from django.apps import apps
+
+    if not apps.ready:  # a benchmark of a server alone (bench/egress.py) does not set Django up
+        return f"host: /sys/kernel/rcu_expedited = {expedited}"
+    from sessions.runtimes import get_driver
+    from sessions.runtimes.base import RuntimeUnavailable
+
+    try:
+        driver = get_driver("bubblewrap")
+        driver.check()
+        slower = driver.slower_here()
+    except RuntimeUnavailable as exc:
+        return f"host: bubblewrap unavailable ({exc})"
+    wait = "a command after a pause waits ~11 ms to join its cgroups" if slower else "no cgroup wait after a pause"
+    return f"host: /sys/kernel/rcu_expedited = {expedited}; bubblewrap: {wait}"

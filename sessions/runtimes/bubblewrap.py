@@ -8,9 +8,12 @@ command; /dev, /dev/shm included (no POSIX shared memory), is read-only. When th
 root, bwrap itself runs as the host's uid 65534, so even a mount mistake would expose nothing
 that `nobody` cannot read.
 
-Start-up order matters: bwrap is started with --block-fd, so its namespace init (pid 1
-inside) waits until the runner has placed both bwrap processes in the sandbox's cgroup (or set
-their rlimits); only then does the command start, and everything it forks inherits the limits."""
+Start-up order matters. Where the runner is root with cgroups, each command's first program is
+a small helper (enter.c) that moves itself into the sandbox's cgroups and only then runs bwrap,
+so bwrap and everything it starts are inside them from the first instruction. Otherwise bwrap
+is started with --block-fd: its namespace init (pid 1 inside) waits until the runner has placed
+both bwrap processes in the cgroups (or set their rlimits); only then does the command start,
+and everything it forks inherits the limits."""
 
 import contextlib
 import fcntl
@@ -30,7 +33,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from sessions.runtimes import deadlines, rootfs, seccomp
+from sessions.runtimes import deadlines, enter, rootfs, seccomp
 from sessions.runtimes.base import (
     EGRESS_MOUNT,
     INODES_PER_MB,
@@ -86,6 +89,7 @@ class BubblewrapDriver(Driver):
         # Per sandbox: a kill meant for one command never reaches the next (see _stop).
         self._guards: dict[str, threading.RLock] = {}
         self._bwrap: str | None = None  # its path, once check() has found it
+        self._enter: str | None = None  # the cgroup helper's path (enter.py), where check() could build it
         # bwrap's namespace init (pid 1 inside) outlives its parent, the outer bwrap, by a moment:
         # the parent exits on the init's report of the command's exit. Orphaned, the init is
         # reaped by this process (exec) instead of the host's init, which may reap nothing (a
@@ -127,6 +131,8 @@ class BubblewrapDriver(Driver):
                 f"bubblewrap cannot create its namespaces here ({probe.stderr.strip()}); enable unprivileged "
                 "user namespaces: sysctl -w user.max_user_namespaces=15000 kernel.unprivileged_userns_clone=1"
             )
+        if self.as_root and SETPRIV and self.cgroups.available:
+            self._enter = enter.helper(self.sandbox_dir.parent / "bin")
         self._bwrap = bwrap
 
     def weaker_here(self) -> list[str]:
@@ -139,7 +145,8 @@ class BubblewrapDriver(Driver):
         return weaker
 
     def slower_here(self) -> list[str]:
-        if self.cgroups.attach_waits_for_rcu():
+        moves_itself = self._enter is not None and self.cgroups.version == 1  # no global lock (enter.c)
+        if not moves_itself and self.cgroups.attach_waits_for_rcu():
             return ["a command that follows a pause waits ~11 ms for an RCU grace period before it may join "
                     "its cgroup; echo 1 > /sys/kernel/rcu_expedited makes that ~1.5 ms"]
         return []
@@ -269,7 +276,8 @@ class BubblewrapDriver(Driver):
         blank_read, blank_write = os.pipe()
         os.close(blank_write)
         limits = sandbox.spec.limits
-        command = self._as_nobody([
+        entering = [self._enter, *self.cgroups.entry_files(sandbox.id), "--"] if self._enter else []
+        command = [*entering, *self._as_nobody([
             self._bwrap,
             "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
@@ -290,7 +298,7 @@ class BubblewrapDriver(Driver):
             # command gets exactly the policy's environment.
             "--clearenv", *[part for name, value in env.items() for part in ("--setenv", name, value)],
             "--", *argv,
-        ])
+        ])]
         fed = isinstance(stdin, bytes)  # written through a pipe; a file is the command's own stdin
         with self._guard(sandbox.id), self._lock:
             try:
@@ -315,18 +323,21 @@ class BubblewrapDriver(Driver):
             running = _Running(process=process)
             self._running[sandbox.id] = running
         try:
-            # In cgroups, the outer bwrap joins at once: the kernel's wait before a move (an RCU
-            # grace period, ~11 ms after a pause) then overlaps bwrap's own set-up. Rlimits wait
-            # for the user namespace: set before it, RLIMIT_NPROC would bound the namespace.
+            # Without the helper, in cgroups, the outer bwrap joins at once: the kernel's wait
+            # before a move (an RCU grace period, ~11 ms after a pause) then overlaps bwrap's own
+            # set-up. Rlimits wait for the user namespace: set before it, RLIMIT_NPROC would
+            # bound the namespace.
             early = [process.pid] if self.cgroups.available else []
-            self._confine(sandbox, early)
+            if not entering:
+                self._confine(sandbox, early)
             try:
                 running.inner_pid = _read_child_pid(info_read)
                 if (descriptor := pidfd(running.inner_pid)) is not None:
                     running.pidfds.append(descriptor)
             except SandboxError as exc:
                 raise SandboxError(f"{exc}: {_startup_error(process)}") from None
-            self._confine(sandbox, [pid for pid in (process.pid, running.inner_pid) if pid not in early])
+            if not entering:
+                self._confine(sandbox, [pid for pid in (process.pid, running.inner_pid) if pid not in early])
             os.write(block_write, b"1")  # the command may start now
             if fed:
                 threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()

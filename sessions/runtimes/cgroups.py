@@ -212,6 +212,14 @@ class CgroupManager:
         for base in self.bases.values():
             _write(f"{base}/{level}/{sandbox_id}/cgroup.procs", str(pid))
 
+    def entry_files(self, sandbox_id: str) -> list[str]:
+        """The files a process writes "0" to, in attach's order, to move itself into the
+        sandbox's groups (enter.c): each controller's `tasks` on v1, which moves the writing
+        thread alone, without the global lock that moving a whole process takes; `cgroup.procs`
+        on v2, whose `cgroup.threads` serves threaded groups only."""
+        name = "tasks" if self.version == 1 else "cgroup.procs"
+        return [f"{path}/{name}" for path in self.paths(sandbox_id).values()]
+
     def pids(self, sandbox_id: str) -> set[int]:
         """The sandbox's processes, read from the group `attach` writes first (on v1, one group
         per controller): a process joins it before any other, and what it forks starts in all of
