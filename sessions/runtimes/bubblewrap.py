@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import resource
 import selectors
@@ -56,6 +57,7 @@ from sessions.runtimes.base import (
 from sessions.runtimes.cgroups import CgroupManager
 from sessions.runtimes.linux import adopt_orphans, children, is_mount_point, mount_tmpfs, pidfd, reap, unmount
 
+log = logging.getLogger(__name__)
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin")  # util-linux, essential on Debian
 READ_SIZE = 65536
@@ -90,6 +92,7 @@ class BubblewrapDriver(Driver):
         self._guards: dict[str, threading.RLock] = {}
         self._bwrap: str | None = None  # its path, once check() has found it
         self._enter: str | None = None  # the cgroup helper's path (enter.py), where check() could build it
+        self._helper_dir = self.sandbox_dir.parent / "bin"
         # bwrap's namespace init (pid 1 inside) outlives its parent, the outer bwrap, by a moment:
         # the parent exits on the init's report of the command's exit. Orphaned, the init is
         # reaped by this process (exec) instead of the host's init, which may reap nothing (a
@@ -132,7 +135,7 @@ class BubblewrapDriver(Driver):
                 "user namespaces: sysctl -w user.max_user_namespaces=15000 kernel.unprivileged_userns_clone=1"
             )
         if self.as_root and SETPRIV and self.cgroups.available:
-            self._enter = enter.helper(self.sandbox_dir.parent / "bin")
+            self._enter = enter.helper(self._helper_dir)
         self._bwrap = bwrap
 
     def weaker_here(self) -> list[str]:
@@ -310,9 +313,11 @@ class BubblewrapDriver(Driver):
                     env={}, pass_fds=(info_write, block_read, filter_read, blank_read), start_new_session=True,
                     **self._identity(),
                 )
-            except BaseException:
+            except BaseException as exc:
                 os.close(info_read)
                 os.close(block_write)
+                if isinstance(exc, OSError) and entering and exc.filename == entering[0]:
+                    raise self._without_helper(exc) from None
                 raise
             finally:  # bwrap's ends are its own now (or nobody's)
                 for descriptor in (info_write, block_read, filter_read, blank_read):
@@ -355,6 +360,15 @@ class BubblewrapDriver(Driver):
             os.close(block_write)
         return running
 
+    def _without_helper(self, exc: OSError) -> SandboxError:
+        """The cgroup helper would not run (removed, replaced): this command fails, the next ones
+        are moved into their cgroups by the runner, and the next driver builds it anew."""
+        log.error("bubblewrap: the cgroup helper %s could not run (%s); the runner moves commands into their "
+                  "cgroups itself from now on", self._enter, exc.strerror)
+        self._enter = None
+        enter.forget(self._helper_dir)
+        return SandboxError("the sandbox's cgroup helper could not run; try again")
+
     def _abandon(self, sandbox_id: str, running: _Running) -> None:
         self._stop(sandbox_id, running, "killed")
         running.process.wait()
@@ -396,6 +410,12 @@ class BubblewrapDriver(Driver):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(running.inner_pid, signal.SIGKILL)
             else:
+                # Stopped first, it forks nothing between the reading of its children and the kill
+                # (an init forked in between was left a zombie, reparented here, 1 kill in ~300).
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(running.process.pid, signal.SIGSTOP)
+                with contextlib.suppress(ChildProcessError):  # stopped, or already gone; nothing collected
+                    os.waitid(os.P_PID, running.process.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
                 running.pidfds += [fd for fd in map(pidfd, children(running.process.pid)) if fd is not None]
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(running.process.pid, signal.SIGKILL)

@@ -220,19 +220,19 @@ class CgroupManager:
         name = "tasks" if self.version == 1 else "cgroup.procs"
         return [f"{path}/{name}" for path in self.paths(sandbox_id).values()]
 
-    def pids(self, sandbox_id: str) -> set[int]:
-        """The sandbox's processes, read from the group `attach` writes first (on v1, one group
-        per controller): a process joins it before any other, and what it forks starts in all of
-        its parent's groups, so no process of the sandbox is missing from it. Reading every
-        controller's list cost four more reads after each command."""
+    def pids(self, sandbox_id: str, *, every: bool = False) -> set[int]:
+        """The sandbox's processes, read from the group `attach` and the helper (enter.c) join
+        first (on v1, one group per controller): a process joins it before any other, and what it
+        forks starts in all of its parent's groups, so no process Airlock placed is missing from
+        it. Reading every controller's list cost four more reads after each command; `every`
+        reads them all, for a removal, in case something else on the host moved a process
+        between one hierarchy's groups and not another's."""
+        if every:
+            return set().union(*(_procs(f"{path}/cgroup.procs") for path in self.paths(sandbox_id).values()))
         procs = self._procs.get(sandbox_id)
         if procs is None:
             procs = self._procs[sandbox_id] = f"{next(iter(self.paths(sandbox_id).values()))}/cgroup.procs"
-        try:
-            with open(procs) as listed:
-                return {int(pid) for pid in listed.read().split()}
-        except OSError:
-            return set()
+        return _procs(procs)
 
     def usage(self, sandbox_id: str) -> Usage:
         paths = self.paths(sandbox_id)
@@ -258,17 +258,18 @@ class CgroupManager:
             return _stat_field(self.paths(sandbox_id)["unified"] / "memory.events", "oom_kill") or 0
         return _stat_field(self.paths(sandbox_id)["memory"] / "memory.oom_control", "oom_kill") or 0
 
-    def kill_all(self, sandbox_id: str, *, timeout_s: float = 5.0) -> bool:
+    def kill_all(self, sandbox_id: str, *, timeout_s: float = 5.0, every: bool = False) -> bool:
         """SIGKILL every process of the sandbox; True when none is left. The group is frozen
-        before its members are read, so nothing forks in between; the signals land on thaw."""
-        if not self.pids(sandbox_id):
+        before its members are read, so nothing forks in between; the signals land on thaw.
+        `every`: read every controller's group (pids)."""
+        if not self.pids(sandbox_id, every=every):
             return True
         paths = self.paths(sandbox_id)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             frozen = self._freeze(paths, True)
             try:
-                pids = self.pids(sandbox_id)
+                pids = self.pids(sandbox_id, every=every)
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
@@ -278,7 +279,7 @@ class CgroupManager:
             if not pids:
                 return True
             time.sleep(0.002)
-        return not self.pids(sandbox_id)
+        return not self.pids(sandbox_id, every=every)
 
     def _freeze(self, paths: dict[str, Path], frozen: bool) -> bool:
         try:
@@ -293,7 +294,7 @@ class CgroupManager:
         return True
 
     def remove(self, sandbox_id: str) -> None:
-        self.kill_all(sandbox_id)
+        self.kill_all(sandbox_id, every=True)
         for path in self.paths(sandbox_id).values():
             deadline = time.monotonic() + 5
             while True:  # rmdir fails with EBUSY until the last task is gone
@@ -347,6 +348,15 @@ def _remove_group(group: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)
     group.rmdir()
+
+
+def _procs(listing: str) -> set[int]:
+    """The pids a group's `cgroup.procs` lists (none when it is gone)."""
+    try:
+        with open(listing) as listed:
+            return {int(pid) for pid in listed.read().split()}
+    except OSError:
+        return set()
 
 
 def _stat_field(path: Path, name: str) -> int | None:

@@ -11,7 +11,7 @@
  * writer first waits out an RCU grace period when none has passed lately (~11 ms on a command
  * that follows a pause); a single thread moving itself through `tasks` does not take it.
  *
- * Any failure exits 127 with a line on stderr, before PROGRAM starts. */
+ * Any failure exits 127 with a line on stderr (which names no host path), before PROGRAM starts. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -23,7 +23,7 @@ int main(int argc, char **argv) {
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         int fd = open(argv[i], O_WRONLY | O_CLOEXEC);
         if (fd < 0 || write(fd, "0", 1) != 1) {
-            fprintf(stderr, "airlock-enter: cannot join the cgroup of %s: %s\n", argv[i], strerror(errno));
+            fprintf(stderr, "airlock-enter: cannot join the sandbox's cgroups: %s\n", strerror(errno));
             return 127;
         }
         close(fd);

@@ -5,13 +5,18 @@ fails before the program starts."""
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
 from sessions.runtimes import enter
+from sessions.runtimes.base import Limits, SandboxError, SandboxSpec
+from sessions.runtimes.bubblewrap import BubblewrapDriver
 from sessions.runtimes.cgroups import CgroupManager
+from tests.runtimes.conftest import checked_driver
+from tests.runtimes.helpers import run
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("cc") or shutil.which("gcc")),
                                 reason="the helper is built and used by a root runner with a C compiler")
@@ -38,7 +43,7 @@ def test_a_group_it_cannot_join_stops_it_before_the_program(private, tmp_path):
     ran = subprocess.run([enter.helper(private), str(tmp_path / "no-such-group" / "tasks"), "--",
                           "/usr/bin/touch", str(marker)], capture_output=True, text=True, env={})
     assert ran.returncode == 127
-    assert "cannot join the cgroup of" in ran.stderr and "no-such-group" in ran.stderr
+    assert "cannot join the sandbox's cgroups" in ran.stderr and "no-such-group" not in ran.stderr
     assert not marker.exists()
 
 
@@ -65,3 +70,45 @@ def test_a_directory_others_may_write_is_refused(tmp_path):
     shared.chmod(0o777)
     assert enter.helper(shared) is None
     assert list(shared.iterdir()) == []  # nothing built where another user could replace it
+
+
+def test_a_directory_above_it_that_others_may_write_is_refused(tmp_path):
+    """Whoever may rename a directory above the helper's could put a program of theirs in its
+    place, which root would run before every command."""
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)  # not sticky: anyone may move its entries
+    assert enter.helper(loose / "bin") is None
+
+
+def test_a_file_under_its_name_that_does_not_run_is_built_again(private):
+    path = Path(enter.helper(private))
+    enter.forget(private)
+    path.write_bytes(b"not a program")
+    assert enter.helper(private) == str(path)
+    assert subprocess.run([str(path), "--", "/bin/true"], env={}).returncode == 0
+
+
+def test_a_helper_gone_fails_one_command_and_the_runner_moves_the_next_ones(built_rootfs):
+    checked_driver("bubblewrap", built_rootfs)  # a bwrap that works here
+    place = Path(tempfile.mkdtemp(prefix="airlock-enter-"))  # one the sandbox's uid 65534 may traverse
+    place.chmod(0o711)
+    driver = BubblewrapDriver(sandbox_dir=place)
+    driver.check()
+    if driver._enter is None:
+        shutil.rmtree(place)
+        pytest.skip("no cgroups here: the helper is not used")
+    sandbox = driver.create(SandboxSpec(tenant="t", session_id=str(uuid.uuid4()), limits=Limits(pids=16)))
+    try:
+        assert run(driver, sandbox, ["true"]).status.exit_code == 0
+        Path(driver._enter).unlink()
+        with pytest.raises(SandboxError, match="cgroup helper could not run") as failed:
+            run(driver, sandbox, ["true"])
+        assert str(place) not in str(failed.value)  # no host path for the agent
+        for _ in range(3):  # moved by the runner now, still within the sandbox's limits
+            assert run(driver, sandbox, ["true"]).status.exit_code == 0
+        fork_bomb = run(driver, sandbox, ["python3", "-c", "import os\nfor _ in range(40): os.fork() or os._exit(0)"])
+        assert fork_bomb.status.exit_code != 0 and "Resource temporarily unavailable" in fork_bomb.stderr
+    finally:
+        driver.destroy(sandbox)
+        shutil.rmtree(place)
