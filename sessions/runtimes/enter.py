@@ -43,8 +43,9 @@ def forget(directory: Path) -> None:
 
 def _build(directory: Path) -> str | None:
     try:
-        target = directory / f"airlock-enter-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]}"
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory = directory.resolve()  # the real directories are checked, and the helper run from them
+        target = directory / f"airlock-enter-{hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]}"
         _check_private(directory)
         for place in directory.parents:
             _check_private(place, sticky=True)
