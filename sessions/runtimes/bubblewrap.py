@@ -328,13 +328,12 @@ class BubblewrapDriver(Driver):
             running = _Running(process=process)
             self._running[sandbox.id] = running
         try:
-            # Without the helper, in cgroups, the outer bwrap joins at once: the kernel's wait
-            # before a move (an RCU grace period, ~11 ms after a pause) then overlaps bwrap's own
-            # set-up. Rlimits wait for the user namespace: set before it, RLIMIT_NPROC would
-            # bound the namespace.
-            early = [process.pid] if self.cgroups.available else []
-            if not entering:
-                self._confine(sandbox, early)
+            # With the helper every process is in its cgroups already. Without it, in cgroups,
+            # the outer bwrap joins at once: the kernel's wait before a move (an RCU grace period,
+            # ~11 ms after a pause) then overlaps bwrap's own set-up. Rlimits wait for the user
+            # namespace: set before it, RLIMIT_NPROC would bound the namespace.
+            early = [process.pid] if self.cgroups.available and not entering else []
+            self._confine(sandbox, early)
             try:
                 running.inner_pid = _read_child_pid(info_read)
                 if (descriptor := pidfd(running.inner_pid)) is not None:

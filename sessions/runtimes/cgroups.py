@@ -67,7 +67,6 @@ class CgroupManager:
         self.owners = owners
         self._levels: dict[str, str] = {}  # sandbox id -> its tenant level
         self._paths: dict[str, dict[str, Path]] = {}  # sandbox id -> its groups (read on every command)
-        self._procs: dict[str, str] = {}  # sandbox id -> the process list pids() reads
         self._level_lock = threading.Lock()
         self.available = self._prepare()
         if self.available and owner is not None:
@@ -181,7 +180,6 @@ class CgroupManager:
         level = TENANT_LEVEL + hashlib.sha256(tenant.encode()).hexdigest()[:12]
         self._levels[sandbox_id] = level
         self._paths.pop(sandbox_id, None)
-        self._procs.pop(sandbox_id, None)
         paths = self.paths(sandbox_id)
         with self._level_lock:  # a tenant's level is not removed (its last sandbox gone) while one is added
             for base in self.bases.values():
@@ -227,12 +225,8 @@ class CgroupManager:
         it. Reading every controller's list cost four more reads after each command; `every`
         reads them all, for a removal, in case something else on the host moved a process
         between one hierarchy's groups and not another's."""
-        if every:
-            return set().union(*(_procs(f"{path}/cgroup.procs") for path in self.paths(sandbox_id).values()))
-        procs = self._procs.get(sandbox_id)
-        if procs is None:
-            procs = self._procs[sandbox_id] = f"{next(iter(self.paths(sandbox_id).values()))}/cgroup.procs"
-        return _procs(procs)
+        groups = list(self.paths(sandbox_id).values())
+        return set().union(*(_procs(f"{group}/cgroup.procs") for group in (groups if every else groups[:1])))
 
     def usage(self, sandbox_id: str) -> Usage:
         paths = self.paths(sandbox_id)
@@ -312,7 +306,6 @@ class CgroupManager:
                     path.parent.rmdir()
         self._levels.pop(sandbox_id, None)
         self._paths.pop(sandbox_id, None)
-        self._procs.pop(sandbox_id, None)
 
     def list_ids(self) -> set[str]:
         ids: set[str] = set()
