@@ -25,6 +25,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter
 from channels.security.websocket import OriginValidator
 from django.conf import settings
 
+from controlplane import security
 from controlplane.routing import websocket_urlpatterns
 from sessions.runner.core import ensure_embedded_runner, stop_embedded_runner
 
@@ -90,7 +91,7 @@ class BoundedBodies:
         if declared.isdigit() and int(declared) > limit:
             # A client that waits for `100 Continue` sends nothing more: there is nothing to drop.
             drain = receive if headers.get(b"expect", b"").lower() != b"100-continue" else None
-            return await _too_large(send, limit, drain)
+            return await _too_large(scope, send, limit, drain)
         received, refused, started = 0, False, False
 
         async def counted():
@@ -110,17 +111,17 @@ class BoundedBodies:
 
         await self.app(scope, counted, watched)
         if refused and not started:
-            await _too_large(send, limit, receive)
+            await _too_large(scope, send, limit, receive)
 
 
-async def _too_large(send, limit: int, drain) -> None:
+async def _too_large(scope, send, limit: int, drain) -> None:
     """The 413, whole; the response ends (and the connection with it) once `drain` (the
     request's receive) has nothing more, or after LINGER_S."""
     body = json.dumps({"error": "request_too_large",
                        "detail": f"a request body may hold at most {limit} bytes"}).encode()
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            (b"connection", b"close"), *security.raw_headers(scope)]})
     await send({"type": "http.response.body", "body": body, "more_body": True})
     if drain is not None:
         with contextlib.suppress(TimeoutError):

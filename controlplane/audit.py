@@ -10,8 +10,9 @@ TRUNCATE of audit rows (migration 0003).
 What the database cannot prove is what it no longer holds. After every event the tenant's head
 (count, last hash) is appended, signed with the same key, to a checkpoint file outside the
 database (AIRLOCK_AUDIT_CHECKPOINTS) and written to the log; `audit_verify` compares each
-chain with its latest checkpoint, so the last events deleted, a whole chain deleted (or its
-tenant) and a chain re-hashed are each found and named (docs/architecture.md, "Audit")."""
+chain with every one of its checkpoints, so the last events deleted (even once as many were
+written again), a whole chain deleted (or its tenant) and a chain re-hashed are each found and
+named (docs/architecture.md, "Audit")."""
 
 import hashlib
 import hmac
@@ -133,10 +134,11 @@ def checkpoint(tenant: Tenant, count: int, head: str) -> None:
         log.error("could not write the audit checkpoint to %s: %s", settings.AIRLOCK_AUDIT_CHECKPOINTS, exc)
 
 
-def checkpoints() -> tuple[dict[int, Checkpoint], list[int]]:
-    """The latest signed checkpoint of each tenant id, and the numbers of the file's lines whose
-    signature does not hold (a forged or altered line). FileNotFoundError when there is no file."""
-    latest: dict[int, Checkpoint] = {}
+def checkpoints() -> tuple[dict[int, list[Checkpoint]], list[int]]:
+    """Every signed checkpoint, by tenant id in the file's order, and the numbers of the file's
+    lines whose signature does not hold (a forged or altered line). FileNotFoundError when there
+    is no file. A tenant is its id, not its slug, which may be renamed."""
+    found: dict[int, list[Checkpoint]] = {}
     forged: list[int] = []
     with open(settings.AIRLOCK_AUDIT_CHECKPOINTS, encoding="utf-8", errors="replace") as lines:
         for number, text in enumerate(lines, 1):
@@ -149,9 +151,9 @@ def checkpoints() -> tuple[dict[int, Checkpoint], list[int]]:
                 valid = False
             if not valid:
                 forged.append(number)
-            elif point.tenant_id not in latest or point.count >= latest[point.tenant_id].count:
-                latest[point.tenant_id] = point
-    return latest, forged
+            else:
+                found.setdefault(point.tenant_id, []).append(point)
+    return found, forged
 
 
 # -- verification ---------------------------------------------------------------------------
@@ -166,16 +168,20 @@ class BrokenLink:
 _FROM_FILE = object()
 
 
-def audit_verify(tenant: Tenant, point=_FROM_FILE) -> BrokenLink | None:
-    """The first broken link of the tenant's chain, or None when it is whole and reaches its
-    latest checkpoint (`point`: a Checkpoint, None for none, or by default the file's)."""
-    if point is _FROM_FILE:
+def audit_verify(tenant: Tenant, points=_FROM_FILE) -> BrokenLink | None:
+    """The first broken link of the tenant's chain, or None when it is whole and agrees with
+    every one of its checkpoints (`points`: a list of Checkpoints, or by default the file's).
+    Every checkpoint is compared, not only the latest: events deleted from the end and as many
+    written again since carry the counts of older checkpoints, but not their hashes."""
+    if points is _FROM_FILE:
         try:
-            point = checkpoints()[0].get(tenant.pk)
+            points = checkpoints()[0].get(tenant.pk, [])
         except FileNotFoundError:
-            point = None
-        point = point if point is not None and point.tenant == tenant.slug else None
-    prev_hash, expected_seq, at_checkpoint = GENESIS, 1, None
+            points = []
+    by_count: dict[int, list[Checkpoint]] = {}
+    for point in points:
+        by_count.setdefault(point.count, []).append(point)
+    prev_hash, expected_seq = GENESIS, 1
     for event in _events_in_order(tenant):
         if event.seq != expected_seq:
             return BrokenLink(tenant.slug, expected_seq, f"event #{expected_seq} is missing (found #{event.seq})")
@@ -184,22 +190,24 @@ def audit_verify(tenant: Tenant, point=_FROM_FILE) -> BrokenLink | None:
         if not hmac.compare_digest(chain_hash(prev_hash, event), event.hash):
             return BrokenLink(tenant.slug, event.seq, "the event's content does not match its hash (edited, or "
                                                       "hashed without the key)")
-        if point is not None and event.seq == point.count:
-            at_checkpoint = event.hash
+        for point in by_count.get(event.seq, ()):
+            if not hmac.compare_digest(point.hash, event.hash):
+                return BrokenLink(tenant.slug, event.seq, f"re-hashed: event #{event.seq}'s hash is not the one "
+                                                          f"checkpointed at {point.at} (the chain was re-hashed, or "
+                                                          f"its events from #{event.seq} on were deleted and others "
+                                                          "written in their place)")
         prev_hash, expected_seq = event.hash, expected_seq + 1
     count = expected_seq - 1
-    if point is None:
+    if not points:
         return None
+    top = max(points, key=lambda point: point.count)
     if count == 0:
-        return BrokenLink(tenant.slug, 1, f"the whole chain was deleted: the checkpoint of {point.at} recorded "
-                                          f"{point.count} events")
-    if count < point.count:
+        return BrokenLink(tenant.slug, 1, f"the whole chain was deleted: the checkpoint of {top.at} recorded "
+                                          f"{top.count} events")
+    if count < top.count:
         return BrokenLink(tenant.slug, count + 1, f"truncated: the chain ends at #{count}, the checkpoint of "
-                                                  f"{point.at} recorded {point.count} events (#{count + 1}-"
-                                                  f"#{point.count} were deleted)")
-    if at_checkpoint != point.hash:
-        return BrokenLink(tenant.slug, point.count, f"re-hashed: event #{point.count}'s hash is not the one "
-                                                    f"checkpointed at {point.at}")
+                                                  f"{top.at} recorded {top.count} events (#{count + 1}-"
+                                                  f"#{top.count} were deleted)")
     return None
 
 

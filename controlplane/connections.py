@@ -36,6 +36,8 @@ from collections import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from controlplane.security import API_HEADERS
+
 log = logging.getLogger(__name__)
 
 READ_RATE = 1024  # bytes a second one address may send its WebSockets, after READ_BURST
@@ -43,8 +45,10 @@ READ_BURST = 8 * 1024
 MIN_BODY_RATE = 500  # bytes a second a request body must keep up, on average
 READ_BUFFER = 16 * 1024  # the kernel's receive buffer of a WebSocket: what one read may bring
 _REFUSAL = b"too many open connections from this address (AIRLOCK_MAX_CONNECTIONS_PER_CLIENT); close one\n"
+# (Written before a byte of the request is read: whether it came over HTTPS is not known, so no HSTS.)
 REFUSED = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\nretry-after: 1\r\n"
-           b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_REFUSAL), _REFUSAL))
+           + b"".join(b"%s: %s\r\n" % (name.lower().encode(), value.encode()) for name, value in API_HEADERS.items())
+           + b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_REFUSAL), _REFUSAL))
 
 
 class Limits:

@@ -30,6 +30,9 @@ API_PREFIX = "/api/v1/"  # the agent API (its own handler in production: control
 
 
 TERMINAL_STYLES = "; style-src-attr 'unsafe-inline'"
+# What every API answer carries, and every answer the server writes before Django sees the request.
+API_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY",
+               "Content-Security-Policy": API}
 
 
 def policy_for(request, response) -> str:
@@ -42,6 +45,28 @@ def policy_for(request, response) -> str:
 def _with_nonce(request):
     request.csp_nonce = secrets.token_urlsafe(16)
     return request
+
+
+def raw_headers(scope) -> list[tuple[bytes, bytes]]:
+    """API_HEADERS (and HSTS when the request came over HTTPS) as ASGI headers, for answers
+    written before Django's handler runs: a body too large, a tenant's requests too fast."""
+    headers = [(name.lower().encode(), value.encode()) for name, value in API_HEADERS.items()]
+    if hsts := transport_security(scope_is_secure(scope)):
+        headers.append((b"strict-transport-security", hsts.encode()))
+    return headers
+
+
+def scope_is_secure(scope) -> bool:
+    """HTTPS as Django's `request.is_secure()` reads it: the scheme, or the header
+    SECURE_PROXY_SSL_HEADER names, set by the TLS proxy in front."""
+    if scope.get("scheme") in ("https", "wss"):
+        return True
+    if not settings.SECURE_PROXY_SSL_HEADER:
+        return False
+    header, value = settings.SECURE_PROXY_SSL_HEADER
+    wanted = header.removeprefix("HTTP_").lower().replace("_", "-").encode()
+    return any(name == wanted and sent.decode("latin-1").split(",")[0].strip() == value
+               for name, sent in scope.get("headers", ()))
 
 
 def transport_security(secure: bool) -> str | None:

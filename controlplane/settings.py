@@ -247,7 +247,10 @@ AIRLOCK_RUNNER_THREADS = env_int("AIRLOCK_RUNNER_THREADS", 64, minimum=4)
 # server from the others.
 AIRLOCK_API_RATE_PER_TENANT = env_float("AIRLOCK_API_RATE_PER_TENANT", round(10 * host_cpus()), minimum=1)
 AIRLOCK_MAX_SESSIONS_PER_TENANT = env_int("AIRLOCK_MAX_SESSIONS_PER_TENANT", 32, minimum=1)
-AIRLOCK_MAX_COMMANDS_PER_TENANT = env_int("AIRLOCK_MAX_COMMANDS_PER_TENANT", 32, minimum=1)
+# A running command holds one of its runner's threads: a quarter of them per tenant, so that two
+# tenants (or three) cannot hold them all either.
+AIRLOCK_MAX_COMMANDS_PER_TENANT = env_int("AIRLOCK_MAX_COMMANDS_PER_TENANT", max(1, AIRLOCK_RUNNER_THREADS // 4),
+                                          minimum=1)
 # (the default leaves an eighth, at least 1 GiB, to the control plane, its database and the host)
 _MEMORY_MB = host_memory_mb()
 AIRLOCK_RUNNER_MEMORY_MB = env_int("AIRLOCK_RUNNER_MEMORY_MB", max(64, _MEMORY_MB - max(1024, _MEMORY_MB // 8)),
@@ -266,9 +269,9 @@ AIRLOCK_MAX_CONNECTIONS_PER_CLIENT = env_int("AIRLOCK_MAX_CONNECTIONS_PER_CLIENT
 AIRLOCK_AUDIT_KEY = env_str("AIRLOCK_AUDIT_KEY")
 AIRLOCK_AUDIT_CHECKPOINTS = Path(env_str("AIRLOCK_AUDIT_CHECKPOINTS") or DATA_DIR / "audit-checkpoints.jsonl")
 # Threads of the server for API requests that wait for a runner (a command with `wait`), and how
-# many of them one tenant may hold at once (sessions/admission.py).
+# many of them one tenant may hold at once (sessions/admission.py): a quarter, as above.
 AIRLOCK_API_THREADS = env_int("AIRLOCK_API_THREADS", 64, minimum=2)
-AIRLOCK_API_WAITING_PER_TENANT = env_int("AIRLOCK_API_WAITING_PER_TENANT", max(1, AIRLOCK_API_THREADS // 2),
+AIRLOCK_API_WAITING_PER_TENANT = env_int("AIRLOCK_API_WAITING_PER_TENANT", max(1, AIRLOCK_API_THREADS // 4),
                                          minimum=1)
 # A session ends as `expired` at its policy's session_ttl_s, or after this long without a command.
 AIRLOCK_SESSION_IDLE_TIMEOUT_S = env_int("AIRLOCK_SESSION_IDLE_TIMEOUT_S", 900, minimum=10)

@@ -7,7 +7,18 @@ import re
 from typing import Literal
 
 import yaml
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from policies_app import egress
 
@@ -45,17 +56,19 @@ class Runtime(Strict):
 
 
 class Limits(Strict):
-    cpus: float = Field(1.0, ge=0.01, le=16, description="CPUs a session's sandbox may use (0.01-16)")
-    memory_mb: int = Field(512, ge=32, le=65536, description="memory of a session's sandbox; past it, `oom`")
-    pids: int = Field(128, ge=8, le=4096, description="processes and threads a sandbox may hold at once")
-    disk_mb: int = Field(256, ge=1, le=65536, description="size of the session's /workspace")
-    command_timeout_s: int = Field(15, ge=1, le=3600, description="seconds a command may run before it ends `timeout`"
-                                   " (a request may ask for less)")
-    session_ttl_s: int = Field(1800, ge=60, le=7 * 86400, description="seconds a session lives before it `expired`")
-    output_tail_chars: int = Field(8000, ge=100, le=1_000_000,
-                                   description="the characters of a command's output that are stored (its last)")
+    cpus: StrictFloat = Field(1.0, ge=0.01, le=16, description="CPUs a session's sandbox may use (0.01-16)")
+    memory_mb: StrictInt = Field(512, ge=32, le=65536, description="memory of a session's sandbox; past it, `oom`")
+    pids: StrictInt = Field(128, ge=8, le=4096, description="processes and threads a sandbox may hold at once")
+    disk_mb: StrictInt = Field(256, ge=1, le=65536, description="size of the session's /workspace")
+    command_timeout_s: StrictInt = Field(15, ge=1, le=3600,
+                                         description="seconds a command may run before it ends `timeout` (a "
+                                                     "request may ask for less)")
+    session_ttl_s: StrictInt = Field(1800, ge=60, le=7 * 86400,
+                                     description="seconds a session lives before it `expired`")
+    output_tail_chars: StrictInt = Field(8000, ge=100, le=1_000_000,
+                                         description="the characters of a command's output that are stored (its last)")
     # A command that writes more (stdout and stderr together) is killed, ending `output_limit`.
-    output_mb: int = Field(16, ge=1, le=1024, description="output a command may write (stdout and stderr "
+    output_mb: StrictInt = Field(16, ge=1, le=1024, description="output a command may write (stdout and stderr "
                            "together) before it ends `output_limit`")
 
 
@@ -76,7 +89,7 @@ class CommandRule(Strict):
     allow_args: list[str] | None = Field(
         None, description="regexes; when set, every argument must fully match one of them"
     )
-    max_args: int | None = Field(None, ge=0, le=1000)
+    max_args: StrictInt | None = Field(None, ge=0, le=1000)
     exact_args: list[str] | None = Field(
         None, max_length=1000, description="when set, the arguments must be exactly these, in this order")
     expires: AwareDatetime | None = Field(
@@ -104,8 +117,8 @@ class Network(Strict):
     egress: Literal["none", "allowlist"] = "none"
     allow: list[str] = Field(default_factory=list, max_length=256,
                              description="host:port or *.suffix:port entries reachable through the proxy")
-    max_bytes: int | None = Field(None, ge=1, description="bytes a session may move through its proxy, both ways")
-    max_connections: int | None = Field(None, ge=1, le=256,
+    max_bytes: StrictInt | None = Field(None, ge=1, description="bytes a session may move through its proxy, both ways")
+    max_connections: StrictInt | None = Field(None, ge=1, le=256,
                                         description="connections a session may hold open through its proxy at once")
 
     @field_validator("allow")
@@ -122,11 +135,11 @@ class Network(Strict):
 class Persistence(Strict):
     """Checkpoints of a session's workspace and artifacts it packs (off unless enabled)."""
 
-    enabled: bool = False
-    retention_days: int = Field(7, ge=1, le=3650, description="snapshots and artifacts are deleted after this")
-    max_mb: int = Field(256, ge=1, le=4096, description="the most a snapshot or artifact may hold, unpacked")
-    resume_same_policy: bool = Field(False, description="resume only snapshots made under this policy's name")
-    resume_same_rootfs: bool = Field(False, description="resume only snapshots made on the root filesystem the "
+    enabled: StrictBool = False
+    retention_days: StrictInt = Field(7, ge=1, le=3650, description="snapshots and artifacts are deleted after this")
+    max_mb: StrictInt = Field(256, ge=1, le=4096, description="the most a snapshot or artifact may hold, unpacked")
+    resume_same_policy: StrictBool = Field(False, description="resume only snapshots made under this policy's name")
+    resume_same_rootfs: StrictBool = Field(False, description="resume only snapshots made on the root filesystem the "
                                      "new session runs")
 
 
@@ -166,7 +179,7 @@ class ExecRequest(Strict):
     bin: str = Field(max_length=255)
     args: list[str] = Field(default_factory=list, max_length=1000)
     cwd: str = Field("/workspace", max_length=4096)
-    timeout_s: int | None = Field(None, ge=1)
+    timeout_s: StrictInt | None = Field(None, ge=1)
 
     @field_validator("bin", "cwd", "args")
     @classmethod
@@ -181,11 +194,11 @@ class EgressRequest(Strict):
     """An outbound connection a sandboxed command asks the egress proxy for."""
 
     host: str = Field(min_length=1, max_length=253, pattern=r"^([A-Za-z0-9.-]+|[0-9A-Fa-f:.]+)$")  # a name, or IPv6
-    port: int = Field(ge=1, le=65535)
+    port: StrictInt = Field(ge=1, le=65535)
 
 
 class Expectation(Strict):
-    allowed: bool
+    allowed: StrictBool
     reason_code: ReasonCode | None = None
     rule_id: str | None = None
 

@@ -8,9 +8,10 @@ BEGIN line to its END line every line is redacted.
 
 Both readings of the output are redacted: each stream alone (a client that follows stdout only)
 and the two merged in the order they leave, which is what is stored and what a terminal shows.
-Text that leaves mid-line is the only place where the next text to leave can continue a secret:
-there, what crosses is redacted (`CommandOutput._meet`); at the end, both streams' rests are
-redacted as the one text they become. Pacing (sessions/rate.py) charges what the patterns scan,
+What leaves is read against the end of everything that left before it, on either stream: what a
+secret begun there carries into it is redacted (`CommandOutput._meet`), however many pieces the
+secret was split into; at the end, both streams' rests leave as one text when a secret crosses
+from one into the other. Pacing (sessions/rate.py) charges what the patterns scan,
 not only what arrives, so a line held open and fed a byte at a time costs its sender."""
 
 import codecs
@@ -22,7 +23,7 @@ from sessions.runtimes.base import OutputTail
 LINE_LIMIT = 4096
 HOLD_LIMIT = 65536
 OVERLAP = 1024
-MEET_CHARS = 2 * OVERLAP  # how much of a mid-line text is read again where the other stream continues
+MEET_CHARS = 2 * OVERLAP  # how much of what left is read again where the next text continues it
 _KEY_BEGIN = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
 _KEY_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY-----")
 
@@ -103,11 +104,14 @@ class CommandOutput:
         self.secrets = secrets
         self.streams = {"stdout": StreamRedactor(secrets), "stderr": StreamRedactor(secrets)}
         self.tail = OutputTail(tail_chars)
-        # The stream and the end of the text that left last, while that text ended mid-line.
-        self._open: tuple[str, str] | None = None
+        # The end of the merged output that has left, since its last newline: a secret begun
+        # there may continue in the next text to leave.
+        self._left = ""
+        self._reach = max([MEET_CHARS, *(len(secret) for secret in secrets)])
+        self._lines_end_secrets = not any("\n" in secret for secret in secrets)
 
     def feed(self, stream: str, data: bytes) -> str:
-        return self._meet(stream, self.streams[stream].feed(data))
+        return self._meet(self.streams[stream].feed(data))
 
     def take_scanned(self) -> int:
         """Characters the redaction patterns went over since the last call (both streams)."""
@@ -118,22 +122,23 @@ class CommandOutput:
 
     def flush(self) -> list[tuple[str, str]]:
         rests = [(stream, text) for stream, text in ((s, r.flush()) for s, r in self.streams.items()) if text]
-        if len(rests) == 2 and spans_across(rests[0][1], rests[1][1], self.secrets):
+        if len(rests) == 2 and spans_across(self._left + rests[0][1], rests[1][1], self.secrets):
             # Nothing of either has left yet: they leave as one text, redacted as one.
             rests = [(rests[0][0], redact(rests[0][1] + rests[1][1], self.secrets))]
-        return [(stream, text) for stream, text in ((s, self._meet(s, t)) for s, t in rests) if text]
+        return [(stream, text) for stream, text in ((s, self._meet(t)) for s, t in rests) if text]
 
-    def _meet(self, stream: str, text: str) -> str:
-        """`text` of `stream` leaves now: what a secret begun in the mid-line text that left last
-        (the other stream's, or this one's when a line too long to hold left whole) carries over
-        into it is redacted."""
+    def _meet(self, text: str) -> str:
+        """`text` leaves now: what a secret begun in the output that left before it (on either
+        stream, in any number of pieces) carries over into it is redacted."""
         if not text:
             return text
-        if self._open is not None:
-            reach = spans_across(self._open[1], text, self.secrets)
+        if self._left:
+            reach = spans_across(self._left, text, self.secrets)
             if reach:
                 text = REDACTED + text[reach:]
-        self._open = None if text.endswith("\n") else (stream, text[-MEET_CHARS:])
+        # After a newline nothing continues (no pattern matches across one), unless a secret value holds one.
+        ended = text.endswith("\n") and self._lines_end_secrets
+        self._left = "" if ended else (self._left + text)[-self._reach:]
         return text
 
     def keep(self, text: str) -> None:

@@ -21,6 +21,7 @@ from sessions.evals import background, suite
 from sessions.metrics import tenant_metrics, warm_pools
 from sessions.models import Artifact, SessionState, Snapshot
 from sessions.persistence import services as persistence
+from sessions.persistence.responses import archive_response
 
 STATE_FILTERS = ["active", *SessionState.values]
 # The list's orders, by a column's name (`-name`: the other way): the field, and whether it runs
@@ -201,10 +202,7 @@ def packed_download(request, kind: str, object_id):
     except persistence.ProvenanceError as exc:
         messages.error(request, f"Not downloaded: it fails a check ({exc.reason_code}, {exc.rule_id}): {exc.message}")
         return redirect("conversation", request.tenant.slug, row.conversation_id)
-    response = HttpResponse(archive, content_type="application/x-tar")
-    label = getattr(row, "name", "") or kind[:-1]
-    response["Content-Disposition"] = f'attachment; filename="{label}-{row.digest[:12]}.tar"'
-    return response
+    return archive_response(row, kind, archive)
 
 
 @require_POST

@@ -38,8 +38,6 @@ from django.urls import Resolver404, get_resolver, set_script_prefix
 from controlplane import security
 
 API_PREFIX = security.API_PREFIX
-HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY",
-           "Content-Security-Policy": security.API}
 # The API's threads, AIRLOCK_API_THREADS of each kind. A view that waits for a runner (a command
 # with `wait`, a sandbox made or destroyed, a workspace file) holds one of `waiting` for as long as
 # it waits; every other view answers without a runner, on one of `prompt`, so a full `waiting`
@@ -112,7 +110,7 @@ class ApiHandler(ASGIHandler):
 
         def chain(request):
             response = handled(request)
-            for name, value in HEADERS.items():  # on every response, errors included
+            for name, value in security.API_HEADERS.items():  # on every response, errors included
                 response.headers.setdefault(name, value)
             if hsts := security.transport_security(request.is_secure()):
                 response.headers.setdefault("Strict-Transport-Security", hsts)
@@ -134,7 +132,7 @@ class ApiHandler(ASGIHandler):
         try:
             request, response = self.create_request(scope, body)
             pool = prompt if request is None else self._pool(request)
-            share = max(1, settings.AIRLOCK_API_THREADS // 2)
+            share = max(1, settings.AIRLOCK_API_THREADS // 4)
             async with shares.turn(scope.get(TENANT), share) if pool is prompt else contextlib.nullcontext():
                 response = await self._run(pool, receive, scope, request, response)
             if response is None:  # the client left before a thread took its request: it never ran

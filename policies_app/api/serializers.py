@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from controlplane.api.fields import Int, Slug, Text
+from controlplane.api.fields import Bool, Int, Slug, Text
 from policies_app.models import Policy, PolicyVersion
 
 
@@ -59,7 +59,7 @@ class VersionCreateSerializer(serializers.Serializer):
 
 class ReviewSerializer(serializers.Serializer):
     source = Text(trim_whitespace=False, max_length=200_000)
-    replay = serializers.BooleanField(default=False, help_text="also re-judge the recent recorded requests")
+    replay = Bool(default=False, help_text="also re-judge the recent recorded requests")
 
 
 class NoteSerializer(serializers.Serializer):
@@ -97,11 +97,53 @@ class DenialParams(serializers.Serializer):
     session = serializers.UUIDField(required=False, help_text="only this session's denials")
 
 
+ARGS_CHARS = 256 * 1024  # all arguments together; one command's argv is stored with its decision
+
+
+class ExecRequestSerializer(serializers.Serializer):
+    """A command as the policy judges it (sessions' command bodies add `wait` to it)."""
+
+    bin = Text(max_length=255, trim_whitespace=False, help_text="a bare program name, e.g. pytest")
+    args = serializers.ListField(child=Text(allow_blank=True, trim_whitespace=False, max_length=65536),
+                                 max_length=1000, default=list)
+    cwd = Text(max_length=4096, default="/workspace", trim_whitespace=False)
+    timeout_s = Int(min_value=1, required=False, help_text="at most the policy's "
+                                         "limits.command_timeout_s")
+
+    def validate_args(self, args: list[str]) -> list[str]:
+        if sum(len(arg) for arg in args) > ARGS_CHARS:
+            raise serializers.ValidationError(f"at most {ARGS_CHARS} characters in all; send large content as a "
+                                              "workspace file")
+        return args
+
+
+def exec_request(data: dict) -> dict:
+    """What the policy judges of a validated ExecRequestSerializer body (or one that extends it)."""
+    request = {"bin": data["bin"], "args": data["args"], "cwd": data["cwd"]}
+    if "timeout_s" in data:
+        request["timeout_s"] = data["timeout_s"]
+    return request
+
+
+class EgressRequestSerializer(serializers.Serializer):
+    host = Text(max_length=253)
+    port = Int(min_value=1, max_value=65535)
+
+
 class EvaluateSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["exec", "egress"], default="exec",
                                    help_text="exec: {bin, args, cwd?, timeout_s?}; egress: {host, port}")
-    request = serializers.DictField()
+    request = serializers.DictField(help_text="typed as a command's body (exec) or {host, port} (egress)")
     version = Int(min_value=1, required=False)
+
+    def validate(self, data):
+        """The request's fields typed as the API's own bodies type them: `"timeout_s": "5"` is a 400
+        here as it is on a command, not a request judged as if it were 5."""
+        inner = (ExecRequestSerializer if data["kind"] == "exec" else EgressRequestSerializer)(data=data["request"])
+        if not inner.is_valid():
+            raise serializers.ValidationError({"request": inner.errors})
+        data["request"] = exec_request(inner.validated_data) if data["kind"] == "exec" else dict(inner.validated_data)
+        return data
 
 
 class ExceptionSerializer(serializers.Serializer):

@@ -5,7 +5,6 @@ key with the `sessions` scope reaches all of its tenant's, a session token those
 conversation. Deleting needs the tenant's key. Every lookup is scoped, so another tenant's id is
 a 404 like one that does not exist."""
 
-from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, status
@@ -22,6 +21,7 @@ from sessions.api.auth import SessionPrincipal, session_for
 from sessions.api.views import AUTH, _actor, _refused
 from sessions.models import Artifact, Snapshot
 from sessions.persistence import services as persistence
+from sessions.persistence.responses import archive_response
 
 MODELS = {"artifacts": Artifact, "snapshots": Snapshot}
 
@@ -107,7 +107,12 @@ def _verify(kind: str):
     @authentication_classes(AUTH)
     @permission_classes([IsAuthenticated])
     def verify(request, object_id):
-        return Response(persistence.verify(_get(request, kind, object_id)))
+        row = _get(request, kind, object_id)
+        try:
+            with admission.waiting_call(row.tenant):
+                return Response(persistence.verify(row))
+        except admission.Refused as exc:
+            return _refused(exc)
 
     return verify
 
@@ -121,14 +126,14 @@ def _download(kind: str):
     def download(request, object_id):
         row = _get(request, kind, object_id)
         try:
-            archive = persistence.download(row)
+            with admission.waiting_call(row.tenant):
+                archive = persistence.download(row)
+        except admission.Refused as exc:
+            return _refused(exc)
         except persistence.ProvenanceError as exc:  # never hand out bytes that fail a check
             return Response({"error": exc.reason_code, "detail": exc.message, "check": exc.rule_id},
                             status=status.HTTP_409_CONFLICT)
-        response = HttpResponse(archive, content_type="application/x-tar")
-        label = getattr(row, "name", "") or kind[:-1]
-        response["Content-Disposition"] = f'attachment; filename="{label}-{row.digest[:12]}.tar"'
-        return response
+        return archive_response(row, kind, archive)
 
     return download
 

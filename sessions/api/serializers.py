@@ -3,7 +3,8 @@ import uuid
 
 from rest_framework import serializers
 
-from controlplane.api.fields import Bool, Int, Slug, Text
+from controlplane.api.fields import Bool, Slug, Text
+from policies_app.api.serializers import ExecRequestSerializer
 from policies_app.decisions import record_payload
 from sessions.models import Artifact, CommandRun, Packed, Session, SessionState, Snapshot
 
@@ -78,31 +79,8 @@ class FileListSerializer(serializers.Serializer):
     truncated = serializers.BooleanField(help_text="more entries than were listed (10,000), or deeper than 32 levels")
 
 
-ARGS_CHARS = 256 * 1024  # all arguments together; one command's argv is stored with its decision
-
-
-class CommandCreateSerializer(serializers.Serializer):
-    bin = Text(max_length=255, trim_whitespace=False, help_text="a bare program name, e.g. pytest")
-    args = serializers.ListField(child=Text(allow_blank=True, trim_whitespace=False, max_length=65536),
-                                 max_length=1000, default=list)
-    cwd = Text(max_length=4096, default="/workspace", trim_whitespace=False)
-    timeout_s = Int(min_value=1, required=False, help_text="at most the policy's "
-                                         "limits.command_timeout_s")
+class CommandCreateSerializer(ExecRequestSerializer):
     wait = Bool(default=False, help_text="answer with the result when the command ends")
-
-    def validate_args(self, args: list[str]) -> list[str]:
-        if sum(len(arg) for arg in args) > ARGS_CHARS:
-            raise serializers.ValidationError(f"at most {ARGS_CHARS} characters in all; send large content as a "
-                                              "workspace file")
-        return args
-
-
-def command_request(data: dict) -> dict:
-    """What the policy judges of a validated CommandCreateSerializer body."""
-    request = {"bin": data["bin"], "args": data["args"], "cwd": data["cwd"]}
-    if "timeout_s" in data:
-        request["timeout_s"] = data["timeout_s"]
-    return request
 
 
 class PolicyVersionRefSerializer(serializers.Serializer):

@@ -22,7 +22,7 @@ from django.db import DatabaseError, close_old_connections
 
 from controlplane import security
 from controlplane.api.auth import key_tenant_id
-from controlplane.api.handler import HEADERS, TENANT
+from controlplane.api.handler import TENANT
 from sessions.models import TOKEN_PREFIX
 from sessions.rate import Rate
 from sessions.selectors import session_by_token
@@ -110,9 +110,6 @@ async def _too_many(scope, send, per_s: float) -> None:
                        "second their tenant may send (AIRLOCK_API_RATE_PER_TENANT), even after waiting "
                        f"{MAX_WAIT_S:g} s for a turn; slow down, or ask the operator to raise it"}).encode()
     headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"),
-               (b"content-length", str(len(body)).encode()),
-               *((name.lower().encode(), value.encode()) for name, value in HEADERS.items())]
-    if hsts := security.transport_security(scope.get("scheme") == "https"):
-        headers.append((b"strict-transport-security", hsts.encode()))
+               (b"content-length", str(len(body)).encode()), *security.raw_headers(scope)]
     await send({"type": "http.response.start", "status": 429, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -17,6 +17,7 @@ from controlplane.api.auth import ApiKeyAuthentication, ApiPrincipal
 from controlplane.api.handler import waits_for_runner
 from controlplane.api.validation import validated
 from controlplane.audit import actor_label
+from policies_app.api.serializers import exec_request
 from sessions import admission, broker, lifecycle
 from sessions.api import serializers as s
 from sessions.api.auth import SessionTokenAuthentication, session_for
@@ -132,7 +133,7 @@ def commands(request, session_id):
     wait = data["wait"]
     try:
         with admission.waiting_call(session.tenant) if wait else contextlib.nullcontext():
-            command = broker.command_propose(session=session, request=s.command_request(data), wait=wait)
+            command = broker.command_propose(session=session, request=exec_request(data), wait=wait)
     except (broker.BrokerError, admission.Refused) as exc:
         return _refused(exc)
     if not command.finished and wait:  # the wait ran out, or the session ended meanwhile: as stored now

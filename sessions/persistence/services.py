@@ -22,6 +22,7 @@ import logging
 import os
 import queue
 import secrets
+import tempfile
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -476,9 +477,18 @@ def verify(row: Packed) -> dict:
             "detail": f"signature, tenant, conversation, retention and the digests of its {row.files} files hold"}
 
 
-def download(row: Packed) -> bytes:
-    """The tar, once every check holds (ProvenanceError otherwise)."""
-    return check_bytes(row, check_manifest(row))
+def download(row: Packed) -> BinaryIO:
+    """The tar, once every check holds (ProvenanceError otherwise): an unnamed temporary file
+    (gone once closed) at its start, so a download holds no archive in memory."""
+    key = check_manifest(row)
+    archive = tempfile.TemporaryFile()  # noqa: SIM115 - its reader closes it (a response, once sent)
+    try:
+        check_stored(row, key, into=archive)
+    except BaseException:
+        archive.close()
+        raise
+    archive.seek(0)
+    return archive
 
 
 # -- deleting --------------------------------------------------------------------------------

@@ -55,7 +55,16 @@ from sessions.runtimes.base import (
     workspace_cwd,
 )
 from sessions.runtimes.cgroups import CgroupManager
-from sessions.runtimes.linux import adopt_orphans, children, is_mount_point, mount_tmpfs, pidfd, reap, unmount
+from sessions.runtimes.linux import (
+    adopt_orphans,
+    children,
+    is_mount_point,
+    mount_overlay_ro,
+    mount_tmpfs,
+    pidfd,
+    reap,
+    unmount,
+)
 
 log = logging.getLogger(__name__)
 NOBODY = 65534
@@ -93,6 +102,7 @@ class BubblewrapDriver(Driver):
         self._bwrap: str | None = None  # its path, once check() has found it
         self._enter: str | None = None  # the cgroup helper's path (enter.py), where check() could build it
         self._helper_dir = self.sandbox_dir.parent / "bin"
+        self._said_no_overlay = False
         # bwrap's namespace init (pid 1 inside) outlives its parent, the outer bwrap, by a moment:
         # the parent exits on the init's report of the command's exit. Orphaned, the init is
         # reaped by this process (exec) instead of the host's init, which may reap nothing (a
@@ -181,10 +191,11 @@ class BubblewrapDriver(Driver):
             raise SandboxError(f"sandbox {spec.session_id} already exists") from None
         try:
             workspace.mkdir(mode=0o700)
-            quota = self.as_root
+            quota, view = self.as_root, tree.path
             if quota:
                 mount_tmpfs(workspace, size_bytes=spec.limits.disk_mb * 2**20, uid=NOBODY, gid=NOBODY,
                             inodes=spec.limits.disk_mb * INODES_PER_MB)
+                view = self._view(root, tree.path)
             if self.cgroups.available:
                 self.cgroups.create(spec.session_id, tenant=spec.tenant, memory_mb=spec.limits.memory_mb,
                                     pids=spec.limits.pids, cpus=spec.limits.cpus)
@@ -193,9 +204,28 @@ class BubblewrapDriver(Driver):
             raise
         return Sandbox(
             id=spec.session_id, driver=self.name, spec=spec, rootfs_digest=tree.digest,
-            handle={"root": str(root), "workspace": str(workspace), "rootfs": str(tree.path),
+            handle={"root": str(root), "workspace": str(workspace), "rootfs": str(view),
                     "disk_quota": quota},
         )
+
+    def _view(self, root: Path, tree: Path) -> Path:
+        """The tree as the sandbox's / (as root). A bind mount of a directory shows the
+        directory's host path in the sandbox's /proc/self/mountinfo: a read-only overlay of it,
+        mounted in the sandbox's directory (`rootfs`, gone with it), has a root of its own, and
+        its layers show as descriptors (`lowerdir=/proc/self/fd/N:...`), not as paths. Where
+        the kernel has no overlayfs: the tree itself, said once."""
+        view, empty = root / "rootfs", root / "empty"  # (overlay takes two layers at least)
+        view.mkdir(mode=0o755)
+        empty.mkdir(mode=0o755)
+        try:
+            mount_overlay_ro(view, [tree, empty])
+        except OSError as exc:
+            if not self._said_no_overlay:
+                self._said_no_overlay = True
+                log.warning("bubblewrap: sandboxes see their root filesystem's host path in /proc/self/mountinfo (%s)",
+                            exc.strerror)
+            return tree
+        return view
 
     def destroy(self, sandbox: Sandbox) -> None:
         self.kill(sandbox)
@@ -211,9 +241,9 @@ class BubblewrapDriver(Driver):
         if self.cgroups.available:
             self.cgroups.remove(sandbox_id)
         root = self.sandbox_dir / sandbox_id
-        workspace = root / "workspace"
-        if is_mount_point(workspace):
-            unmount(workspace)
+        for mounted in (root / "workspace", root / "rootfs"):
+            if is_mount_point(mounted):
+                unmount(mounted)
         shutil.rmtree(root, onerror=lambda function, path, _: _make_writable_and_retry(root, function, path))
         if root.exists():
             raise SandboxError(f"sandbox directory {root} could not be removed")

@@ -6,7 +6,7 @@ import os
 import select
 from pathlib import Path
 
-MS_NOSUID, MS_NODEV = 2, 4
+MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
 MNT_DETACH = 2
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -20,6 +20,22 @@ def mount_tmpfs(target: Path, *, size_bytes: int, uid: int, gid: int, mode: int 
     if _libc.mount(b"airlock", str(target).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
         error = ctypes.get_errno()
         raise OSError(error, f"mount tmpfs on {target}: {os.strerror(error)}")
+
+
+def mount_overlay_ro(target: Path, layers: list[Path]) -> None:
+    """A read-only overlay of `layers` (two at least) on `target`. The layers are given as this
+    process's descriptors, so the mount's options name no host path."""
+    descriptors = []
+    try:
+        for layer in layers:
+            descriptors.append(os.open(layer, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        options = ("lowerdir=" + ":".join(f"/proc/self/fd/{fd}" for fd in descriptors)).encode()
+        if _libc.mount(b"airlock", str(target).encode(), b"overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, options) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"mount overlay on {target}: {os.strerror(error)}")
+    finally:
+        for fd in descriptors:
+            os.close(fd)
 
 
 def unmount(target: Path) -> None:

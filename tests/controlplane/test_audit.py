@@ -11,7 +11,7 @@ from django.db import DatabaseError, connection, transaction
 from django.urls import reverse
 
 from controlplane.audit import GENESIS, audit_record, audit_verify, canonical_json, chain_hash
-from controlplane.models import AuditEvent
+from controlplane.models import AuditEvent, Tenant
 
 # Checkpoints are written once an event commits: these tests commit (audit_verify reports a
 # missing checkpoint file when events exist).
@@ -175,6 +175,25 @@ def test_the_database_refuses_to_change_or_delete_audit_rows(statement, alice, b
     assert actions(acme) == ["tenant.created", "member.added", "member.added"]  # nothing changed
 
 
+def test_the_database_refuses_to_replace_an_audit_row(alice, bob, acme):
+    """SQLite's REPLACE deletes the row it meets without a DELETE trigger; PostgreSQL's upsert updates it."""
+    table = AuditEvent._meta.db_table
+    last = AuditEvent.objects.get(tenant=acme, seq=3)
+    with audit_locked():
+        if connection.vendor == "sqlite":
+            tamper(f"CREATE TEMP TABLE forged AS SELECT * FROM {table} WHERE id = %s", [last.pk])  # noqa: S608
+            tamper("UPDATE forged SET actor = 'user:mallory'", [])
+            assert refused(f"INSERT OR REPLACE INTO {table} SELECT * FROM forged", [])  # noqa: S608
+            assert refused(f"REPLACE INTO {table} SELECT * FROM forged", [])  # noqa: S608
+            tamper("UPDATE forged SET id = id + 1000", [])  # a new id, the same tenant and seq
+            assert refused(f"INSERT OR REPLACE INTO {table} SELECT * FROM forged", [])  # noqa: S608
+        else:
+            assert refused(f"INSERT INTO {table} SELECT * FROM {table} WHERE id = %s "  # noqa: S608
+                           "ON CONFLICT (id) DO UPDATE SET actor = 'user:mallory'", [last.pk])
+    assert AuditEvent.objects.get(tenant=acme, seq=3).actor == last.actor
+    assert actions(acme) == ["tenant.created", "member.added", "member.added"]
+
+
 @pytest.mark.django_db(transaction=True)  # (PostgreSQL refuses any TRUNCATE after this transaction's inserts)
 def test_postgresql_refuses_truncate_too(alice, acme):
     if connection.vendor != "postgresql":
@@ -218,7 +237,35 @@ def test_a_whole_chain_rewritten_with_the_key_is_found_by_its_checkpoint(alice, 
                ["user:mallory", prev, digest, event.pk])
         prev = digest
     link = audit_verify(acme)
-    assert link.seq == 3 and link.problem.startswith("re-hashed: event #3's hash is not the one checkpointed")
+    assert link.seq == 1 and link.problem.startswith("re-hashed: event #1's hash is not the one checkpointed")
+
+
+@CHECKPOINTED
+def test_the_last_events_deleted_and_as_many_written_again_are_found(alice, bob, acme):
+    """The newest checkpoint agrees with the chain again; an older one of the same count does not."""
+    tamper(f"DELETE FROM {AuditEvent._meta.db_table} WHERE tenant_id = %s AND seq >= 2", [acme.pk])  # noqa: S608
+    for _ in range(3):
+        audit_record(tenant=acme, actor=None, action="policy.published")
+    link = audit_verify(acme)
+    assert link.seq == 2 and "deleted and others written in their place" in link.problem
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", "--tenant", "acme", stdout=out)
+    assert "BROKEN  acme: event #2: re-hashed" in out.getvalue()
+
+
+@CHECKPOINTED
+def test_a_truncated_chain_is_found_after_its_tenant_is_renamed(alice, bob, acme):
+    tamper(f"DELETE FROM {AuditEvent._meta.db_table} WHERE tenant_id = %s AND seq >= 2", [acme.pk])  # noqa: S608
+    Tenant.objects.filter(pk=acme.pk).update(slug="acme2")
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", "--tenant", "acme2", stdout=out)
+    assert "BROKEN  acme2: event #2: truncated" in out.getvalue()
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", stdout=out)
+    assert "BROKEN  acme2: event #2: truncated" in out.getvalue() and "gone from the database" not in out.getvalue()
 
 
 def test_a_row_edited_and_rehashed_with_a_guessed_key_is_found(alice, bob, acme, settings):
@@ -326,5 +373,5 @@ def test_chains_from_before_the_key_are_re_chained_by_their_migration_where_they
     tamper(f"UPDATE {AuditEvent._meta.db_table} SET actor = 'user:mallory' WHERE tenant_id = %s AND seq = 2",  # noqa: S608
            [globex.pk])
     rekey(apps, None)
-    assert audit_verify(acme, None) is None
-    assert audit_verify(globex, None).seq == 2
+    assert audit_verify(acme, []) is None
+    assert audit_verify(globex, []).seq == 2

@@ -82,3 +82,18 @@ def test_a_tenants_own_address_leads_to_its_sessions_and_stays_closed_to_outside
     response = client_for(alice).get("/t/acme/")
     assert response.status_code == 302 and response["Location"] == reverse("sessions", args=["acme"])
     assert client_for(charlie).get("/t/acme/").status_code == 404
+
+
+def test_answers_written_before_django_carry_the_api_headers(settings):
+    """The tenant throttle's 429 and the body limit's 413 (ASGI, before Django's handler), and the
+    connection cap's 429 (written before the request is read)."""
+    from controlplane import connections, security
+
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    proxied = {"scheme": "http", "headers": [(b"x-forwarded-proto", b"https")]}
+    plain = {"scheme": "http", "headers": [(b"x-forwarded-proto", b"http")]}
+    assert dict(security.raw_headers(proxied))[b"strict-transport-security"] == f"max-age={365 * 86400}".encode()
+    assert b"strict-transport-security" not in dict(security.raw_headers(plain))
+    assert dict(security.raw_headers(plain))[b"content-security-policy"] == security.API.encode()
+    assert b"\r\ncontent-security-policy: default-src 'none'; frame-ancestors 'none'\r\n" in connections.REFUSED
+    assert b"\r\nx-content-type-options: nosniff\r\n" in connections.REFUSED

@@ -106,6 +106,29 @@ def test_evaluate_judges_an_egress_request_too(writer):
     assert decision["reason_code"] == "egress_denied" and decision["allowed"] is False
 
 
+@pytest.mark.parametrize(("kind", "request_body", "field"), [
+    ("exec", {"bin": "make", "timeout_s": "5"}, "timeout_s"),
+    ("exec", {"bin": "make", "timeout_s": True}, "timeout_s"),
+    ("exec", {"bin": 5}, "bin"),
+    ("exec", {"bin": "make", "args": "-j4"}, "args"),
+    ("egress", {"host": "pypi.org", "port": "443"}, "port"),
+    ("egress", {"host": ["pypi.org"], "port": 443}, "host"),
+])
+def test_evaluate_types_its_request_as_a_command_or_a_connection(writer, kind, request_body, field):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    post(writer, "/api/v1/policies/default/versions", {"source": V1})
+    post(writer, "/api/v1/policies/default/versions/1/publish", {"note": "go"})
+    response = post(writer, "/api/v1/policies/default/evaluate", {"kind": kind, "request": request_body})
+    assert response.status_code == 400 and field in response.json()["fields"]["request"], response.json()
+
+
+def test_review_takes_only_true_or_false_for_replay(writer):
+    post(writer, "/api/v1/policies", {"name": "default"})
+    for replay in ("yes", 1, "true"):
+        response = post(writer, "/api/v1/policies/default/review", {"source": V1, "replay": replay})
+        assert response.status_code == 400 and "replay" in response.json()["fields"], replay
+
+
 def test_review_checks_a_document_without_saving_it(writer, reader):
     post(writer, "/api/v1/policies", {"name": "default"})
     post(writer, "/api/v1/policies/default/versions", {"source": V1})

@@ -22,6 +22,21 @@ def test_schema_errors_name_the_field_path_and_line():
     assert errors["limits.cpus"]["line"] == 6
 
 
+@pytest.mark.parametrize(("source", "path"), [
+    ("limits: {command_timeout_s: true}", "limits.command_timeout_s"),  # YAML's true is not 1 second
+    ("limits: {memory_mb: '512'}", "limits.memory_mb"),
+    ("limits: {cpus: '1'}", "limits.cpus"),
+    ("persistence: {enabled: 'yes'}", "persistence.enabled"),  # quoted: a string, not YAML's boolean
+    ("commands: [{id: a, bin: a, max_args: 2.0}]", "commands.0.max_args"),
+])
+def test_numbers_and_booleans_are_taken_only_as_their_own_type(source, path):
+    assert path in {error["path"] for error in errors_of(source + "\n")}
+
+
+def test_a_whole_number_is_a_number_of_cpus():
+    assert parse_yaml("limits: {cpus: 2}\n").limits.cpus == 2.0
+
+
 def test_unknown_fields_and_bad_regexes_are_refused():
     errors = errors_of("mode: enforce\nshell: true\ncommands:\n  - {id: a, bin: a, deny_args: ['(']}\n")
     paths = {error["path"] for error in errors}

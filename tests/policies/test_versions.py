@@ -94,6 +94,20 @@ def test_an_update_of_a_saved_version_is_refused_by_the_database(policy, alice):
     assert PolicyVersion.objects.get(pk=version.pk).source == V1
 
 
+def test_a_saved_version_cannot_be_replaced_on_sqlite_either(policy, alice):
+    """SQLite's REPLACE deletes the row it meets without firing the UPDATE trigger."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's upsert is an UPDATE, refused above")
+    version = services.version_create(policy=policy, source=V1, actor=alice)
+    table = PolicyVersion._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TEMP TABLE forged AS SELECT * FROM {table} WHERE id = %s", [version.pk])  # noqa: S608
+        cursor.execute("UPDATE forged SET source = 'commands: []'")
+    with pytest.raises(DatabaseError, match="immutable"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"INSERT OR REPLACE INTO {table} SELECT * FROM forged")  # noqa: S608
+    assert PolicyVersion.objects.get(pk=version.pk).source == V1
+
+
 def test_retiring_a_policy_leaves_nothing_published(policy, alice):
     v1 = services.version_create(policy=policy, source=V1, actor=alice)
     services.version_publish(version=v1, actor=alice, note="first")

@@ -316,6 +316,15 @@ def test_the_hosts_kernel_command_line_is_not_visible(driver, sandbox):
     assert host.strip() and host.strip()[:40] not in inside, inside
 
 
+def test_the_host_paths_of_the_root_filesystem_and_workspace_are_not_visible(driver, sandbox, built_rootfs):
+    mounts = py(driver, sandbox, "print(open('/proc/self/mountinfo').read())").stdout
+    if driver.name == "docker":
+        pytest.skip("Docker's own overlay names its layers' host paths (/var/lib/docker/overlay2/...) in every "
+                    "container's mountinfo; gVisor and bubblewrap show none")
+    for host in (str(built_rootfs.path.parent), str(Path(settings.AIRLOCK_SANDBOX_DIR)), "/var/lib/docker"):
+        assert host not in mounts, (host, mounts)
+
+
 def test_it_runs_as_65534_without_capabilities_or_a_way_to_gain_them(driver, sandbox):
     code = (
         "import errno, os\n"
@@ -474,8 +483,10 @@ def test_stats_report_cpu_memory_and_disk(driver, sandbox):
 
 def test_each_sandbox_reports_the_root_filesystem_it_runs(driver, sandbox, built_rootfs):
     assert sandbox.rootfs_digest == built_rootfs.digest
-    if driver.name == "bubblewrap":
-        assert sandbox.handle["rootfs"] == str(built_rootfs.path)
+    if driver.name == "bubblewrap":  # the tree, or (as root) its overlay: the same files
+        view = Path(sandbox.handle["rootfs"])
+        assert view == built_rootfs.path or (view / "etc" / "os-release").read_bytes() == (
+            built_rootfs.path / "etc" / "os-release").read_bytes()
     else:  # Docker's own hash of the layer it imported: a second, independent computation
         container = driver.client.containers.get(sandbox.handle["container"])
         assert driver.client.images.get(container.image.id).attrs["RootFS"]["Layers"] == [sandbox.rootfs_digest]

@@ -625,9 +625,10 @@ def test_a_tenant_reserves_at_most_its_share_of_the_runners_memory(agent, acme_p
     Agent(api, make_key(globex).key).open()  # the room it could not take is another tenant's
 
 
-def test_a_session_queues_at_most_sixteen_jobs_behind_its_running_one(agent):
+def test_a_session_queues_at_most_sixteen_jobs_behind_its_running_one(agent, settings):
     from sessions.runner.core import MAX_QUEUED
 
+    settings.AIRLOCK_MAX_COMMANDS_PER_TENANT = 2 * MAX_QUEUED  # the runner's limit, not the tenant's
     session = agent.open()
     assert agent.run(session, "sleep", "2", wait=False).status_code == 202
     deadline = time.monotonic() + 10

@@ -272,6 +272,25 @@ def test_airlock_max_request_bytes_refuses_a_longer_body_before_reading_it(deplo
     assert deployment.http("POST", "/login/", body=b"x" * 65536)[0] == 403  # read: CSRF refuses it
 
 
+def test_a_refusal_written_before_django_carries_the_security_headers(deployment):
+    """The 413 is written by the server's own layer, before Django's handler: it carries the
+    API's headers all the same, and HSTS where the TLS proxy in front says the request was HTTPS."""
+    for forwarded, hsts in (("https", True), (None, False)):
+        connection = http.client.HTTPConnection(HOST, deployment.port, timeout=30)
+        try:
+            connection.request("POST", "/api/v1/sessions", body=b"x" * 65537,
+                               headers={"Host": f"{HOST}:{deployment.port}",
+                                        **({"X-Forwarded-Proto": forwarded} if forwarded else {})})
+            response = connection.getresponse()
+            response.read()
+        finally:
+            connection.close()
+        assert response.status == 413
+        assert response.getheader("Content-Security-Policy") == "default-src 'none'; frame-ancestors 'none'"
+        assert response.getheader("X-Content-Type-Options") == "nosniff"
+        assert (response.getheader("Strict-Transport-Security") is not None) is hsts, forwarded
+
+
 def test_a_chunked_body_is_counted_as_it_arrives_and_refused_past_the_limit(deployment):
     connection = http.client.HTTPConnection(HOST, deployment.port, timeout=30)
     try:  # no Content-Length to refuse it by: it is counted as it arrives

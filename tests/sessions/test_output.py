@@ -141,6 +141,40 @@ def test_no_interleaving_of_the_two_streams_leaks_a_secret(seed):
         assert SECRET not in text, (seed, name)
 
 
+def three_pieces(first: int, second: int, pad: int) -> list[tuple[str, bytes]]:
+    """SECRET cut in three: its middle waits on stdout without a newline until the end; on stderr
+    one long line is cut right after the first piece (OVERLAP characters before its end), and its
+    rest, the last piece, waits there until the end too."""
+    stderr = "x" * pad + SECRET[:first] + SECRET[second:] + "y" * (OVERLAP - len(SECRET[second:]))
+    return [("stdout", SECRET[first:second].encode()), ("stderr", stderr.encode())]
+
+
+def test_a_secret_in_three_pieces_across_both_streams_is_redacted():
+    """Two characters at the end of the text that leaves (too few to hold back), then the rests
+    of both streams: each text that leaves is read against all that left before it on either
+    stream, not only against the last text."""
+    steps = three_pieces(2, 6, LINE_LIMIT - 96)
+    assert released(steps)[0][1].endswith("x" + SECRET[:2])  # the cut falls where the attack wants it
+    for name, text in readings(released(steps)).items():
+        assert SECRET not in text, (name, text[-200:])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_no_three_piece_split_leaks_a_secret(seed):
+    import random
+
+    rng = random.Random(1000 + seed)  # noqa: S311 - reproducible choices, not secrets
+    first = rng.randrange(1, 5)
+    second = rng.randrange(first + 1, len(SECRET))
+    steps = three_pieces(first, second, rng.choice([LINE_LIMIT - 96, LINE_LIMIT + 300]))
+    if rng.random() < 0.5:
+        steps.reverse()  # the long line first
+    if rng.random() < 0.5:
+        steps.append(("stdout", b"\n"))
+    for name, text in readings(released(steps)).items():
+        assert SECRET not in text, (seed, name)
+
+
 def test_a_line_too_long_to_hold_never_leaves_half_a_secret_for_its_own_next_chunk():
     """Past HOLD_LIMIT a line leaves whole; what it ended with must not join what follows."""
     for first in (b"x" * (HOLD_LIMIT + 5000) + b" -----BEGIN " + SECRET[:8].encode(),

@@ -14,7 +14,7 @@ from django.utils import timezone
 from controlplane.keys import key_version
 from controlplane.models import ApiKeyScope, AuditEvent, DataKey
 from policies_app.models import DecisionRecord
-from sessions import lifecycle
+from sessions import admission, lifecycle
 from sessions.models import Artifact, Session, Snapshot
 from sessions.persistence import manifest as mf
 from sessions.persistence import services as persistence
@@ -119,7 +119,8 @@ def test_the_stored_blob_holds_no_plaintext(keeper):
     with storages["persistence"].open(snapshot.blob_name, "rb") as handle:
         stored = handle.read()
     assert MARKER not in stored and b"VALUE = 42" not in stored and b"mod.py" not in stored
-    assert MARKER in persistence.download(snapshot)  # the same blob, opened with the tenant's key
+    with persistence.download(snapshot) as archive:  # the same blob, opened with the tenant's key
+        assert MARKER in archive.read()
     assert DataKey.objects.filter(tenant=snapshot.tenant).count() == 1
     assert MARKER not in bytes(DataKey.objects.get(tenant=snapshot.tenant).wrapped)
 
@@ -259,7 +260,7 @@ def test_persistence_needs_a_policy_that_keeps_things(agent):
     assert bad.status_code == 400 and "resume" in bad.json()["fields"]
 
 
-def test_artifacts_pack_named_paths_with_their_provenance(keeper, globex, make_key, api):
+def test_artifacts_pack_named_paths_with_their_provenance(keeper, globex, make_key, api, settings):
     session = keeper.open()
     _script(keeper, session, "make.py", MAKE_TREE)
     client = keeper.as_session(session)
@@ -279,10 +280,19 @@ def test_artifacts_pack_named_paths_with_their_provenance(keeper, globex, make_k
 
     download = keeper.client.get(f"/api/v1/artifacts/{artifact['id']}/download")
     assert download.status_code == 200
-    with tarfile.open(fileobj=io.BytesIO(download.content)) as archive:
+    assert download.is_async  # sent from its checked file a piece at a time, not read whole into memory
+    tar = b"".join(download)
+    assert int(download["Content-Length"]) == len(tar)
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
         assert archive.extractfile("run.sh").read() == b"#!/bin/sh\necho hi\n"
         assert archive.getmember("run.sh").mode == 0o750
     assert keeper.client.post(f"/api/v1/artifacts/{artifact['id']}/verify").json()["valid"] is True
+    # Reading and checking a blob waits like a command with `wait`: one of the tenant's waiting calls.
+    settings.AIRLOCK_API_WAITING_PER_TENANT = 1
+    with admission.waiting_call(Artifact.objects.get(pk=artifact["id"]).tenant):
+        for busy in (keeper.client.get(f"/api/v1/artifacts/{artifact['id']}/download"),
+                     keeper.client.post(f"/api/v1/artifacts/{artifact['id']}/verify")):
+            assert busy.status_code == 429 and busy.json()["error"] == "too_many_waiting_calls"
     listed = keeper.client.get("/api/v1/artifacts?conversation_id=conv-1").json()
     assert [item["id"] for item in listed] == [artifact["id"]]
 

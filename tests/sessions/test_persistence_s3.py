@@ -111,5 +111,5 @@ def test_an_artifact_downloads_from_object_storage(keeper, s3):
     assert response.status_code == 201, response.content
     download = keeper.client.get(f"/api/v1/artifacts/{response.json()['id']}/download")
     assert download.status_code == 200
-    with tarfile.open(fileobj=io.BytesIO(download.content)) as archive:
+    with tarfile.open(fileobj=io.BytesIO(b"".join(download))) as archive:
         assert archive.extractfile("out.txt").read() == b"built"

@@ -20,9 +20,9 @@ class Command(BaseCommand):
                 raise CommandError(f"no tenant {tenant!r}")
         broken = 0
         try:
-            latest, forged = checkpoints()
+            found, forged = checkpoints()
         except FileNotFoundError:
-            latest, forged = {}, []
+            found, forged = {}, []
             if AuditEvent.objects.filter(tenant__in=tenants).exists():
                 broken += 1
                 self.stdout.write(f"BROKEN  checkpoints: the checkpoint file {settings.AIRLOCK_AUDIT_CHECKPOINTS} is "
@@ -33,12 +33,7 @@ class Command(BaseCommand):
             self.stdout.write(f"BROKEN  checkpoints: line {number} of the checkpoint file is not signed by this "
                               "deployment's audit key: it was written or altered by someone else")
         for each in tenants:
-            point = latest.get(each.pk)
-            if point is not None and point.tenant == each.slug:  # (an id a deleted tenant had is not its own)
-                del latest[each.pk]
-            else:
-                point = None
-            link = audit_verify(each, point)
+            link = audit_verify(each, found.pop(each.pk, []))
             count = AuditEvent.objects.filter(tenant=each).count()
             if link is None:
                 self.stdout.write(f"ok      {each.slug}: {count} events, chain intact")
@@ -46,8 +41,11 @@ class Command(BaseCommand):
                 broken += 1
                 self.stdout.write(f"BROKEN  {link.tenant}: event #{link.seq}: {link.problem}")
         names = {each.slug for each in tenants}
-        for point in sorted(latest.values(), key=lambda point: point.tenant):  # checkpointed, gone from the database
-            if not tenant or point.tenant in names:
+        # Checkpointed, and gone from the database (not merely left out by --tenant).
+        still_here = set(Tenant.objects.filter(pk__in=found).values_list("pk", flat=True))
+        for points in sorted(found.values(), key=lambda points: points[-1].tenant):
+            point = max(points, key=lambda point: point.count)
+            if point.tenant_id not in still_here and (not tenant or point.tenant in names):
                 broken += 1
                 self.stdout.write(f"BROKEN  {point.tenant}: the tenant and its whole chain are gone from the "
                                   f"database (the checkpoint of {point.at} recorded {point.count} events"
