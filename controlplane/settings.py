@@ -273,6 +273,8 @@ AIRLOCK_AUDIT_CHECKPOINTS = Path(env_str("AIRLOCK_AUDIT_CHECKPOINTS") or DATA_DI
 AIRLOCK_API_THREADS = env_int("AIRLOCK_API_THREADS", 64, minimum=2)
 AIRLOCK_API_WAITING_PER_TENANT = env_int("AIRLOCK_API_WAITING_PER_TENANT", max(1, AIRLOCK_API_THREADS // 4),
                                          minimum=1)
+# Snapshots and artifacts one tenant may have read and checked whole at once (sessions/admission.py).
+AIRLOCK_BLOB_READS_PER_TENANT = env_int("AIRLOCK_BLOB_READS_PER_TENANT", 1, minimum=1)
 # A session ends as `expired` at its policy's session_ttl_s, or after this long without a command.
 AIRLOCK_SESSION_IDLE_TIMEOUT_S = env_int("AIRLOCK_SESSION_IDLE_TIMEOUT_S", 900, minimum=10)
 AIRLOCK_MAX_FILE_BYTES = env_int("AIRLOCK_MAX_FILE_BYTES", 4 * 2**20, minimum=1024)

@@ -16,7 +16,7 @@ from controlplane.decorators import tenant_view
 from policies_app import selectors as policy_selectors
 from policies_app.denials import PERIODS
 from policies_app.rollups import by_hour
-from sessions import lifecycle, selectors, services
+from sessions import admission, lifecycle, selectors, services
 from sessions.evals import background, suite
 from sessions.metrics import tenant_metrics, warm_pools
 from sessions.models import Artifact, SessionState, Snapshot
@@ -185,7 +185,12 @@ def _packed(request, kind: str, object_id):
 @tenant_view("read")
 def packed_verify(request, kind: str, object_id):
     row = _packed(request, kind, object_id)
-    result = persistence.verify(row)
+    try:
+        with admission.blob_read(row.tenant):
+            result = persistence.verify(row)
+    except admission.Refused as exc:
+        messages.error(request, f"Not verified now: {exc.detail}")
+        return redirect("conversation", request.tenant.slug, row.conversation_id)
     if result["valid"]:
         messages.success(request, f"{kind[:-1].capitalize()} {row.pk} is valid: {result['detail']}.")
     else:
@@ -198,7 +203,11 @@ def packed_verify(request, kind: str, object_id):
 def packed_download(request, kind: str, object_id):
     row = _packed(request, kind, object_id)
     try:
-        archive = persistence.download(row)
+        with admission.blob_read(row.tenant):
+            archive = persistence.download(row)
+    except admission.Refused as exc:
+        messages.error(request, f"Not downloaded now: {exc.detail}")
+        return redirect("conversation", request.tenant.slug, row.conversation_id)
     except persistence.ProvenanceError as exc:
         messages.error(request, f"Not downloaded: it fails a check ({exc.reason_code}, {exc.rule_id}): {exc.message}")
         return redirect("conversation", request.tenant.slug, row.conversation_id)

@@ -293,6 +293,12 @@ def test_artifacts_pack_named_paths_with_their_provenance(keeper, globex, make_k
         for busy in (keeper.client.get(f"/api/v1/artifacts/{artifact['id']}/download"),
                      keeper.client.post(f"/api/v1/artifacts/{artifact['id']}/verify")):
             assert busy.status_code == 429 and busy.json()["error"] == "too_many_waiting_calls"
+    settings.AIRLOCK_API_WAITING_PER_TENANT = 16
+    with admission.blob_read(Artifact.objects.get(pk=artifact["id"]).tenant):  # one check at a time per tenant
+        for busy in (keeper.client.get(f"/api/v1/artifacts/{artifact['id']}/download"),
+                     keeper.client.post(f"/api/v1/artifacts/{artifact['id']}/verify")):
+            assert busy.status_code == 429 and busy.json()["error"] == "too_many_blob_reads"
+            assert "AIRLOCK_BLOB_READS_PER_TENANT" in busy.json()["detail"]
     listed = keeper.client.get("/api/v1/artifacts?conversation_id=conv-1").json()
     assert [item["id"] for item in listed] == [artifact["id"]]
 
