@@ -109,7 +109,7 @@ def _verify(kind: str):
     def verify(request, object_id):
         row = _get(request, kind, object_id)
         try:
-            with admission.waiting_call(row.tenant), admission.blob_read(row.tenant):
+            with admission.waiting_call(row.tenant):
                 return Response(persistence.verify(row))
         except admission.Refused as exc:
             return _refused(exc)
@@ -126,7 +126,7 @@ def _download(kind: str):
     def download(request, object_id):
         row = _get(request, kind, object_id)
         try:
-            with admission.waiting_call(row.tenant), admission.blob_read(row.tenant):
+            with admission.waiting_call(row.tenant):
                 archive = persistence.download(row)
         except admission.Refused as exc:
             return _refused(exc)

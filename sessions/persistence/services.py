@@ -38,6 +38,7 @@ from controlplane.audit import audit_record
 from controlplane.keys import KeyUnavailable, TenantKey, current_key, key_version
 from controlplane.models import Tenant
 from policies_app.document import Persistence
+from sessions import admission
 from sessions.models import Artifact, CommandRun, Packed, Session, Snapshot
 from sessions.persistence import manifest as mf
 from sessions.persistence.pack import Unreadable, pack, settle, unpack
@@ -468,9 +469,11 @@ def restore(driver: Driver, sandbox: Sandbox, row: Snapshot, *, require_rootfs: 
 
 
 def verify(row: Packed) -> dict:
-    """Every check, for the Verify action: {valid, check, detail, files}."""
+    """Every check, for the Verify action: {valid, check, detail, files}. Holds one of the
+    tenant's blob reads (admission.Refused when it has none left)."""
     try:
-        check_stored(row, check_manifest(row))
+        with admission.blob_read(row.tenant):
+            check_stored(row, check_manifest(row))
     except ProvenanceError as exc:
         return {"valid": False, "reason_code": exc.reason_code, "check": exc.rule_id, "detail": exc.message}
     return {"valid": True, "reason_code": None, "check": None,
@@ -479,11 +482,13 @@ def verify(row: Packed) -> dict:
 
 def download(row: Packed) -> BinaryIO:
     """The tar, once every check holds (ProvenanceError otherwise): an unnamed temporary file
-    (gone once closed) at its start, so a download holds no archive in memory."""
+    (gone once closed) at its start, so a download holds no archive in memory. The check holds
+    one of the tenant's blob reads (admission.Refused when it has none left)."""
     key = check_manifest(row)
     archive = tempfile.TemporaryFile()  # noqa: SIM115 - its reader closes it (a response, once sent)
     try:
-        check_stored(row, key, into=archive)
+        with admission.blob_read(row.tenant):
+            check_stored(row, key, into=archive)
     except BaseException:
         archive.close()
         raise
