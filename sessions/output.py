@@ -8,11 +8,11 @@ BEGIN line to its END line every line is redacted.
 
 Both readings of the output are redacted: each stream alone (a client that follows stdout only)
 and the two merged in the order they leave, which is what is stored and what a terminal shows.
-What leaves is read against the end of everything that left before it, on either stream: what a
-secret begun there carries into it is redacted (`CommandOutput._meet`), however many pieces the
-secret was split into; at the end, both streams' rests leave as one text when a secret crosses
-from one into the other. Pacing (sessions/rate.py) charges what the patterns scan,
-not only what arrives, so a line held open and fed a byte at a time costs its sender."""
+What leaves is read against the end of everything that left before it, merged and on its own
+stream: what a secret begun there carries into it is redacted (`CommandOutput._meet`), however
+many pieces the secret was split into; at the end, both streams' rests leave as one text when a
+secret crosses from one into the other. Pacing (sessions/rate.py) charges what the patterns
+scan, not only what arrives, so a line held open and fed a byte at a time costs its sender."""
 
 import codecs
 import re
@@ -104,14 +104,16 @@ class CommandOutput:
         self.secrets = secrets
         self.streams = {"stdout": StreamRedactor(secrets), "stderr": StreamRedactor(secrets)}
         self.tail = OutputTail(tail_chars)
-        # The end of the merged output that has left, since its last newline: a secret begun
-        # there may continue in the next text to leave.
+        # The end of what has left since its last newline, merged and per stream: a secret begun
+        # there may continue in the next text to leave (the stream alone is a reading too: a
+        # client that follows stdout only, and it sees no newline of the other stream).
         self._left = ""
+        self._own = {"stdout": "", "stderr": ""}
         self._reach = max([MEET_CHARS, *(len(secret) for secret in secrets)])
         self._lines_end_secrets = not any("\n" in secret for secret in secrets)
 
     def feed(self, stream: str, data: bytes) -> str:
-        return self._meet(self.streams[stream].feed(data))
+        return self._meet(stream, self.streams[stream].feed(data))
 
     def take_scanned(self) -> int:
         """Characters the redaction patterns went over since the last call (both streams)."""
@@ -125,20 +127,21 @@ class CommandOutput:
         if len(rests) == 2 and spans_across(self._left + rests[0][1], rests[1][1], self.secrets):
             # Nothing of either has left yet: they leave as one text, redacted as one.
             rests = [(rests[0][0], redact(rests[0][1] + rests[1][1], self.secrets))]
-        return [(stream, text) for stream, text in ((s, self._meet(t)) for s, t in rests) if text]
+        return [(stream, text) for stream, text in ((s, self._meet(s, t)) for s, t in rests) if text]
 
-    def _meet(self, text: str) -> str:
-        """`text` leaves now: what a secret begun in the output that left before it (on either
-        stream, in any number of pieces) carries over into it is redacted."""
+    def _meet(self, stream: str, text: str) -> str:
+        """`text` of `stream` leaves now: what a secret begun in the output that left before it
+        (merged, or on this stream alone; in any number of pieces) carries over into it is redacted."""
         if not text:
             return text
-        if self._left:
-            reach = spans_across(self._left, text, self.secrets)
-            if reach:
-                text = REDACTED + text[reach:]
+        reach = max([spans_across(before, text, self.secrets) for before in (self._left, self._own[stream]) if before],
+                    default=0)
+        if reach:
+            text = REDACTED + text[reach:]
         # After a newline nothing continues (no pattern matches across one), unless a secret value holds one.
         ended = text.endswith("\n") and self._lines_end_secrets
         self._left = "" if ended else (self._left + text)[-self._reach:]
+        self._own[stream] = "" if ended else (self._own[stream] + text)[-self._reach:]
         return text
 
     def keep(self, text: str) -> None:

@@ -480,20 +480,43 @@ def verify(row: Packed) -> dict:
             "detail": f"signature, tenant, conversation, retention and the digests of its {row.files} files hold"}
 
 
-def download(row: Packed) -> BinaryIO:
-    """The tar, once every check holds (ProvenanceError otherwise): an unnamed temporary file
-    (gone once closed) at its start, so a download holds no archive in memory. The check holds
-    one of the tenant's blob reads (admission.Refused when it has none left)."""
-    key = check_manifest(row)
-    archive = tempfile.TemporaryFile()  # noqa: SIM115 - its reader closes it (a response, once sent)
+def download(row: Packed) -> "CheckedArchive":
+    """The tar, once every check holds (ProvenanceError otherwise), in an unnamed temporary file
+    at its start, so a download holds no archive in memory. It holds one of the tenant's blob
+    reads (admission.Refused when none is left) from its check until it is closed, once sent:
+    a client that stalls keeps at most that many such files open for its tenant."""
+    held = contextlib.ExitStack()
     try:
-        with admission.blob_read(row.tenant):
-            check_stored(row, key, into=archive)
+        held.enter_context(admission.blob_read(row.tenant))
+        archive = held.enter_context(tempfile.TemporaryFile())  # noqa: SIM115 - closed with `held`
+        check_stored(row, check_manifest(row), into=archive)
     except BaseException:
-        archive.close()
+        held.close()
         raise
     archive.seek(0)
-    return archive
+    return CheckedArchive(archive, held)
+
+
+class CheckedArchive:
+    """A checked tar to read once, front to back; closing it lets its blob read go."""
+
+    def __init__(self, file: BinaryIO, held: contextlib.ExitStack):
+        self.file, self.held = file, held
+
+    def read(self, size: int = -1) -> bytes:
+        return self.file.read(size)
+
+    def size(self) -> int:
+        return os.fstat(self.file.fileno()).st_size
+
+    def close(self) -> None:
+        self.held.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # -- deleting --------------------------------------------------------------------------------

@@ -310,8 +310,7 @@ class BubblewrapDriver(Driver):
         os.close(blank_write)
         limits = sandbox.spec.limits
         entering = [self._enter, *self.cgroups.entry_files(sandbox.id), "--"] if self._enter else []
-        command = [*entering, *self._as_nobody([
-            self._bwrap,
+        options = [
             "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL",
             "--ro-bind", sandbox.handle["rootfs"], "/",
@@ -330,8 +329,14 @@ class BubblewrapDriver(Driver):
             # bwrap itself runs with an empty environment (nothing may steer how it loads); the
             # command gets exactly the policy's environment.
             "--clearenv", *[part for name, value in env.items() for part in ("--setenv", name, value)],
-            "--", *argv,
-        ])]
+        ]
+        # The options name host paths (the sandbox's directory, its egress socket's) and the
+        # environment: bwrap reads them from a descriptor, so the argv that its namespace init,
+        # the sandbox's pid 1, shows in /proc/1/cmdline is `bwrap --args N -- <command>`.
+        args_fd = os.memfd_create("bwrap-args")
+        os.write(args_fd, b"".join(option.encode() + b"\0" for option in options))
+        os.lseek(args_fd, 0, os.SEEK_SET)
+        command = [*entering, *self._as_nobody([self._bwrap, "--args", str(args_fd), "--", *argv])]
         fed = isinstance(stdin, bytes)  # written through a pipe; a file is the command's own stdin
         with self._guard(sandbox.id), self._lock:
             try:
@@ -340,7 +345,7 @@ class BubblewrapDriver(Driver):
                 process = subprocess.Popen(
                     command, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE if fed else stdin,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    env={}, pass_fds=(info_write, block_read, filter_read, blank_read), start_new_session=True,
+                    env={}, pass_fds=(info_write, block_read, filter_read, blank_read, args_fd), start_new_session=True,
                     **self._identity(),
                 )
             except BaseException as exc:
@@ -350,7 +355,7 @@ class BubblewrapDriver(Driver):
                     raise self._without_helper(exc) from None
                 raise
             finally:  # bwrap's ends are its own now (or nobody's)
-                for descriptor in (info_write, block_read, filter_read, blank_read):
+                for descriptor in (info_write, block_read, filter_read, blank_read, args_fd):
                     os.close(descriptor)
             if bulk:  # the rest stays 64 KiB: this counts against the user's pipe pages (pipe(7))
                 with contextlib.suppress(OSError):

@@ -175,6 +175,16 @@ def test_no_three_piece_split_leaks_a_secret(seed):
         assert SECRET not in text, (seed, name)
 
 
+def test_a_newline_on_the_other_stream_does_not_hide_a_secret_continued_on_this_one():
+    """A line too long to hold leaves whole, ending in two characters of the secret (too few to
+    hold back); a newline on stderr ends the merged line; the rest comes on stdout. stdout alone
+    (what `airlock exec > file` writes) must not hold the secret."""
+    steps = [("stdout", b"-----BEGIN" * 6553), ("stdout", b"-----BEGIN" + SECRET[:2].encode()),
+             ("stderr", b"\n"), ("stdout", SECRET[2:].encode() + b"\n")]
+    for name, text in readings(released(steps)).items():
+        assert SECRET not in text, name
+
+
 def test_a_line_too_long_to_hold_never_leaves_half_a_secret_for_its_own_next_chunk():
     """Past HOLD_LIMIT a line leaves whole; what it ended with must not join what follows."""
     for first in (b"x" * (HOLD_LIMIT + 5000) + b" -----BEGIN " + SECRET[:8].encode(),

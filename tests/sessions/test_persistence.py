@@ -281,6 +281,8 @@ def test_artifacts_pack_named_paths_with_their_provenance(keeper, globex, make_k
     download = keeper.client.get(f"/api/v1/artifacts/{artifact['id']}/download")
     assert download.status_code == 200
     assert download.is_async  # sent from its checked file a piece at a time, not read whole into memory
+    # Until it is sent, its checked file holds the tenant's one blob read: a stalled client keeps one.
+    assert keeper.client.get(f"/api/v1/artifacts/{artifact['id']}/download").status_code == 429
     tar = b"".join(download)
     assert int(download["Content-Length"]) == len(tar)
     with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
