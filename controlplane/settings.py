@@ -296,6 +296,9 @@ AIRLOCK_REDACT_VALUES = env_list("AIRLOCK_REDACT_VALUES", [])
 if any(len(value) < 6 for value in AIRLOCK_REDACT_VALUES):  # redaction skips them (controlplane/redaction.py)
     raise ImproperlyConfigured("AIRLOCK_REDACT_VALUES holds a value shorter than 6 characters, which would match by "
                                "chance and is never redacted; list only the secrets themselves")
+if any("\n" in value or "\r" in value for value in AIRLOCK_REDACT_VALUES):  # output is redacted line by line
+    raise ImproperlyConfigured("AIRLOCK_REDACT_VALUES holds a value with a line break, which output redacted line by "
+                               "line would never match whole; list each line of it as a value of its own")
 
 # Publishing a version (not a rollback) needs a passing containment eval of it on its driver.
 AIRLOCK_REQUIRE_CONTAINMENT_EVAL = env_bool("AIRLOCK_REQUIRE_CONTAINMENT_EVAL", False)

@@ -75,6 +75,8 @@ def refused(env: dict, explanation: str, name: str):
                 "AIRLOCK_MAX_REQUEST_BYTES=100000 is below AIRLOCK_MAX_FILE_BYTES=200000", "request-below-file"),
         refused({"AIRLOCK_REDACT_VALUES": "a-long-secret-value,abc"},
                 "AIRLOCK_REDACT_VALUES holds a value shorter than 6 characters", "redact-value-too-short"),
+        refused({"AIRLOCK_REDACT_VALUES": "first-line\nsecond-line"},
+                "AIRLOCK_REDACT_VALUES holds a value with a line break", "redact-value-line-break"),
         refused({"AIRLOCK_METRICS_TOKEN": "t" * 23}, "AIRLOCK_METRICS_TOKEN is shorter than 24 characters",
                 "metrics-token-short"),
         refused({"AIRLOCK_WARM_POOL": "bubblewrap:2"},

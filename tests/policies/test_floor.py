@@ -141,6 +141,13 @@ def test_floor_versions_are_kept_as_written(acme):
         with pytest.raises((DatabaseError, PermissionError)), transaction.atomic():
             change()
     assert FloorVersion.objects.get().note == "first"
+    if connection.vendor == "sqlite":  # REPLACE deletes the row it meets without the UPDATE trigger
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TEMP TABLE forged AS SELECT * FROM policies_app_floorversion")
+            cursor.execute("UPDATE forged SET note = 'rewritten'")
+        with pytest.raises(DatabaseError, match="immutable"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("INSERT OR REPLACE INTO policies_app_floorversion SELECT * FROM forged")
+        assert FloorVersion.objects.get().note == "first"
 
 
 def test_staff_set_the_floor_with_a_command_that_shows_what_it_would_break(acme, tenant_policy, tmp_path, capsys):
