@@ -9,11 +9,13 @@ TRUNCATE of audit rows (migration 0003).
 
 What the database cannot prove is what it no longer holds. After every event the tenant's head
 (count, last hash) is appended, signed with the same key, to a checkpoint file outside the
-database (AIRLOCK_AUDIT_CHECKPOINTS) and written to the log; `audit_verify` compares each
-chain with every one of its checkpoints, so the last events deleted (even once as many were
-written again), a whole chain deleted (or its tenant) and a chain re-hashed are each found and
-named (docs/architecture.md, "Audit")."""
+database (AIRLOCK_AUDIT_CHECKPOINTS), linked to the line before it, and written to the log;
+`audit_verify` compares each chain with every one of its checkpoints, so the last events deleted
+(even once as many were written again), a whole chain deleted (or its tenant), a chain
+re-hashed and checkpoint lines cut out of the file are each found and named
+(docs/architecture.md, "Audit")."""
 
+import fcntl
 import hashlib
 import hmac
 import json
@@ -29,6 +31,7 @@ from django.utils import timezone
 from controlplane.models import AuditEvent, Tenant
 
 GENESIS = "0" * 64
+TAIL_BYTES = 64 * 1024  # more than a checkpoint line (a slug is at most 63 characters)
 log = logging.getLogger("airlock.audit")
 
 
@@ -116,34 +119,59 @@ class Checkpoint:
 
 
 def checkpoint(tenant: Tenant, count: int, head: str) -> None:
-    """Append a signed line with the tenant's head to the checkpoint file, and log it. A failed
-    write is logged, never raised: the event it follows has committed."""
+    """Append a signed line with the tenant's head to the checkpoint file, and log it. Each line
+    also carries the SHA-256 of the line before it (`prev`), under its signature: a line cut
+    from the file's middle breaks the next one's link. A failed write is logged, never raised:
+    the event it follows has committed."""
     line = {"tenant_id": tenant.pk, "tenant": tenant.slug, "count": count, "hash": head,
             "at": timezone.now().isoformat()}
-    text = json.dumps(line, sort_keys=True, separators=(",", ":"))
-    record = json.dumps({**line, "mac": _mac(text)}, sort_keys=True, separators=(",", ":")) + "\n"
     log.info("audit checkpoint: tenant %s has %d events, head %s", tenant.slug, count, head)
     try:
-        descriptor = os.open(settings.AIRLOCK_AUDIT_CHECKPOINTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+        descriptor = os.open(settings.AIRLOCK_AUDIT_CHECKPOINTS, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                              0o600)
         try:
-            os.write(descriptor, record.encode())  # one append: lines of concurrent writers never mix
+            fcntl.flock(descriptor, fcntl.LOCK_EX)  # the last line read is the one written after (every process)
+            linked = {**line, "prev": _line_digest(_last_line(descriptor))}
+            text = json.dumps(linked, sort_keys=True, separators=(",", ":"))
+            os.write(descriptor, (json.dumps({**linked, "mac": _mac(text)}, sort_keys=True,
+                                             separators=(",", ":")) + "\n").encode())
         finally:
             os.close(descriptor)
     except OSError as exc:
         log.error("could not write the audit checkpoint to %s: %s", settings.AIRLOCK_AUDIT_CHECKPOINTS, exc)
 
 
-def checkpoints() -> tuple[dict[int, list[Checkpoint]], list[int]]:
-    """Every signed checkpoint, by tenant id in the file's order, and the numbers of the file's
-    lines whose signature does not hold (a forged or altered line). FileNotFoundError when there
-    is no file. A tenant is its id, not its slug, which may be renamed."""
+def _last_line(descriptor: int) -> bytes:
+    end = os.lseek(descriptor, 0, os.SEEK_END)
+    tail = os.pread(descriptor, min(end, TAIL_BYTES), max(0, end - TAIL_BYTES))
+    return tail.rstrip(b"\n").rpartition(b"\n")[2] if tail else b""
+
+
+def _line_digest(raw: bytes) -> str:
+    """`prev` of the line after `raw` (the file's first line follows nothing: "")."""
+    return hashlib.sha256(raw).hexdigest() if raw else ""
+
+
+@dataclass(frozen=True)
+class CheckpointFile:
+    found: dict[int, list[Checkpoint]]  # the signed lines, by tenant id, in the file's order
+    forged: list[int]  # numbers of lines whose signature does not hold
+    cut: list[int]  # numbers of lines that do not follow the line before them (lines were cut out)
+
+
+def checkpoints() -> CheckpointFile:
+    """Every signed checkpoint, and what is wrong with the file's lines. FileNotFoundError when
+    there is no file. A tenant is its id, not its slug, which may be renamed. Lines written
+    before lines were linked carry no `prev`; once one does, every later line must."""
     found: dict[int, list[Checkpoint]] = {}
     forged: list[int] = []
-    with open(settings.AIRLOCK_AUDIT_CHECKPOINTS, encoding="utf-8", errors="replace") as lines:
-        for number, text in enumerate(lines, 1):
+    cut: list[int] = []
+    previous, linked = b"", False
+    with open(settings.AIRLOCK_AUDIT_CHECKPOINTS, "rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            raw = raw.rstrip(b"\n")
             try:
-                line = json.loads(text)
+                line = json.loads(raw)
                 mac = line.pop("mac")
                 valid = hmac.compare_digest(mac, _mac(json.dumps(line, sort_keys=True, separators=(",", ":"))))
                 point = Checkpoint(line["tenant_id"], line["tenant"], line["count"], line["hash"], line["at"])
@@ -153,7 +181,12 @@ def checkpoints() -> tuple[dict[int, list[Checkpoint]], list[int]]:
                 forged.append(number)
             else:
                 found.setdefault(point.tenant_id, []).append(point)
-    return found, forged
+                if "prev" in line or linked:
+                    linked = True
+                    if line.get("prev") != _line_digest(previous):
+                        cut.append(number)
+            previous = raw
+    return CheckpointFile(found, forged, cut)
 
 
 # -- verification ---------------------------------------------------------------------------
@@ -175,7 +208,7 @@ def audit_verify(tenant: Tenant, points=_FROM_FILE) -> BrokenLink | None:
     written again since carry the counts of older checkpoints, but not their hashes."""
     if points is _FROM_FILE:
         try:
-            points = checkpoints()[0].get(tenant.pk, [])
+            points = checkpoints().found.get(tenant.pk, [])
         except FileNotFoundError:
             points = []
     by_count: dict[int, list[Checkpoint]] = {}

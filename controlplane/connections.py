@@ -46,9 +46,10 @@ MIN_BODY_RATE = 500  # bytes a second a request body must keep up, on average
 READ_BUFFER = 16 * 1024  # the kernel's receive buffer of a WebSocket: what one read may bring
 _REFUSAL = b"too many open connections from this address (AIRLOCK_MAX_CONNECTIONS_PER_CLIENT); close one\n"
 # (Written before a byte of the request is read: whether it came over HTTPS is not known, so no HSTS.)
+_API_HEADER_LINES = b"".join(b"%s: %s\r\n" % (name.lower().encode(), value.encode())
+                             for name, value in API_HEADERS.items())
 REFUSED = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\nretry-after: 1\r\n"
-           + b"".join(b"%s: %s\r\n" % (name.lower().encode(), value.encode()) for name, value in API_HEADERS.items())
-           + b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_REFUSAL), _REFUSAL))
+           + _API_HEADER_LINES + b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_REFUSAL), _REFUSAL))
 
 
 class Limits:
@@ -160,6 +161,17 @@ class BoundedHttp(HttpToolsProtocol):
         self._disarm()
         self.counted_host = None
         super().handle_websocket_upgrade()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's own answer to a request it cannot parse (Django never sees it), with the
+        API's headers like every answer written before Django. Unparsed, the request tells
+        nothing of HTTPS: no HSTS."""
+        body = msg.encode("ascii", "replace")
+        uvicorns = b"".join(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers)
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n" + uvicorns + _API_HEADER_LINES
+                             + b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
 
     # -- a request's pace ------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:

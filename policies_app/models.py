@@ -1,6 +1,7 @@
 """Policies and their immutable versions. A version's content never changes (the ORM refuses,
-and a database trigger refuses an UPDATE from anywhere); which version is published is the
-append-only history of PolicyPublication rows, so every state change is a new row."""
+and database triggers refuse an UPDATE or DELETE from anywhere); which version is published is
+the append-only history of PolicyPublication rows, so every state change is a new row. What
+the triggers cannot stop (DDL) `audit_verify` finds against the audit chain (integrity.py)."""
 
 import uuid
 
@@ -18,7 +19,7 @@ class ImmutableQuerySet(models.QuerySet):
 
 
 class Immutable(models.Model):
-    """Written once: the ORM refuses an update or a delete (and a database trigger an UPDATE)."""
+    """Written once: the ORM refuses an update or a delete (and database triggers both)."""
 
     objects = ImmutableQuerySet.as_manager()
 

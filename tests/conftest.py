@@ -10,6 +10,7 @@ from django.test import Client
 from controlplane import services
 from controlplane.models import ApiKeyScope
 from controlplane.roles import Role
+from tests.append_only import append_only_statements
 
 pytest_plugins = ["tests.live"]  # demo_server: a real server, for the browser, SDK, CLI and MCP tests
 
@@ -27,24 +28,21 @@ def _own_audit_checkpoints(settings, tmp_path):
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
-    """The test database lets its audit rows go: Django's test flush empties every table between
-    tests, which a deployment's database refuses (controlplane/migrations/0003). Tests of that
-    refusal put the triggers back for their own time (tests/controlplane/test_audit.py).
+    """The test database lets its audit rows and policy history go: Django's test flush empties
+    every table between tests, which a deployment's database refuses (tests/append_only.py). Tests of
+    that refusal put the triggers back for their own time (`append_only_enforced`).
 
     At the end, the threads that keep connections (the API's threads, as in a server,
     and asgiref's one thread for thread-sensitive calls) close them before the test database
     is dropped: PostgreSQL refuses to drop a database in use."""
-    from importlib import import_module
-
     from asgiref.sync import SyncToAsync
     from django.db import connection, connections
 
     from controlplane.api.handler import prompt, waiting
     from controlplane.threads import close_connections_and_shutdown
 
-    append_only = import_module("controlplane.migrations.0003_audit_append_only")
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        for statement in append_only.statements(connection.vendor, drop=True):
+        for statement in append_only_statements(connection.vendor, drop=True):
             cursor.execute(statement)
     yield
     for pool in (waiting, prompt):

@@ -27,10 +27,12 @@ from sessions.egress import forward
 from sessions.egress.proxy import EgressProxy, Limits, Resolver
 from sessions.runner import records
 from sessions.runtimes.base import EGRESS_FORWARDER, EGRESS_SOCKET, is_uuid
+from sessions.runtimes.linux import mount_tmpfs, unmount
 
 log = logging.getLogger("airlock.egress")
 NOBODY = 65534
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
+DIRECTORY_BYTES = 2**20  # the forwarder (a few KiB) and a socket
 BATCH_WAIT_S = 0.05  # decisions wait this long at most to be written with the next ones
 WRITE_ATTEMPTS = 3
 DATABASE_DECISIONS = 2  # database threads one session's decisions may hold at once
@@ -102,12 +104,17 @@ class SessionEgress:
                           f"({SOCKET_PATH_MAX} bytes); set AIRLOCK_SANDBOX_DIR to a shorter path")
         ensure_egress_root()
         self.directory.mkdir(mode=0o755, exist_ok=self._adopted)
+        as_root = os.geteuid() == 0
+        if as_root and not self._adopted and self.live.driver.name == "bubblewrap":
+            # A file system of its own: a bind mount shows its source's path within its file
+            # system in the sandbox's /proc/self/mountinfo, here "/" rather than this host path.
+            # (Docker's containers show their layers' host paths whatever is done here.)
+            mount_tmpfs(self.directory, size_bytes=DIRECTORY_BYTES, uid=0, gid=0, mode=0o755, inodes=16)
         shutil.copyfile(forward.__file__, self.directory / EGRESS_FORWARDER)
         os.chmod(self.directory / EGRESS_FORWARDER, 0o444)
         # Only this sandbox mounts the directory, and only the sandbox's uid (and root) may connect.
         # A runner that is not root cannot give the socket to a container's uid 65534: then any
         # uid may connect, to a path none can list (a random session id under a 0711 directory).
-        as_root = os.geteuid() == 0
         mode = 0o600 if as_root or self.live.driver.name == "bubblewrap" else 0o666
         await self.proxy.start(mode=mode, owner=NOBODY if as_root else None)
         return str(self.directory)
@@ -275,6 +282,9 @@ def orphan_slots(kept: set[str]) -> list[str]:
 
 
 def remove_directory(directory: Path) -> None:
+    """The directory and what is in it, its own file system (SessionEgress.start) unmounted first."""
+    if os.geteuid() == 0:
+        unmount(directory)
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(directory)
 

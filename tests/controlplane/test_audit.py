@@ -1,8 +1,8 @@
-import contextlib
 import hashlib
 import importlib
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from io import StringIO
 
 import pytest
@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from controlplane.audit import GENESIS, audit_record, audit_verify, canonical_json, chain_hash
 from controlplane.models import AuditEvent, Tenant
+from tests.append_only import append_only_enforced
 
 # Checkpoints are written once an event commits: these tests commit (audit_verify reports a
 # missing checkpoint file when events exist).
@@ -138,22 +139,6 @@ def test_a_bad_audit_filter_is_a_400_with_the_field_named(alice, client_for):
     assert b"since: Enter a valid date." in response.content
 
 
-@contextlib.contextmanager
-def audit_locked():
-    """The database as a deployment's: the append-only triggers in place (tests/conftest.py
-    drops them for Django's flush)."""
-    append_only = importlib.import_module("controlplane.migrations.0003_audit_append_only")
-    with connection.cursor() as cursor:
-        for statement in append_only.statements(connection.vendor, drop=False):
-            cursor.execute(statement)
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            for statement in append_only.statements(connection.vendor, drop=True):
-                cursor.execute(statement)
-
-
 def refused(sql: str, params: list) -> bool:
     try:
         with transaction.atomic():  # (a refused statement aborts PostgreSQL's transaction: a savepoint keeps ours)
@@ -170,7 +155,7 @@ def refused(sql: str, params: list) -> bool:
 ])
 def test_the_database_refuses_to_change_or_delete_audit_rows(statement, alice, bob, acme):
     sql = statement.format(table=AuditEvent._meta.db_table)
-    with audit_locked():
+    with append_only_enforced():
         assert refused(sql, [acme.pk] * sql.count("%s"))
     assert actions(acme) == ["tenant.created", "member.added", "member.added"]  # nothing changed
 
@@ -179,7 +164,7 @@ def test_the_database_refuses_to_replace_an_audit_row(alice, bob, acme):
     """SQLite's REPLACE deletes the row it meets without a DELETE trigger; PostgreSQL's upsert updates it."""
     table = AuditEvent._meta.db_table
     last = AuditEvent.objects.get(tenant=acme, seq=3)
-    with audit_locked():
+    with append_only_enforced():
         if connection.vendor == "sqlite":
             tamper(f"CREATE TEMP TABLE forged AS SELECT * FROM {table} WHERE id = %s", [last.pk])  # noqa: S608
             tamper("UPDATE forged SET actor = 'user:mallory'", [])
@@ -198,7 +183,7 @@ def test_the_database_refuses_to_replace_an_audit_row(alice, bob, acme):
 def test_postgresql_refuses_truncate_too(alice, acme):
     if connection.vendor != "postgresql":
         pytest.skip("SQLite has no TRUNCATE")
-    with audit_locked():
+    with append_only_enforced():
         assert refused(f"TRUNCATE {AuditEvent._meta.db_table} CASCADE", [])
     assert AuditEvent.objects.filter(tenant=acme).count() == 2
 
@@ -375,3 +360,60 @@ def test_chains_from_before_the_key_are_re_chained_by_their_migration_where_they
     rekey(apps, None)
     assert audit_verify(acme, []) is None
     assert audit_verify(globex, []).seq == 2
+
+
+@CHECKPOINTED
+def test_checkpoint_lines_cut_from_the_files_middle_are_found(alice, bob, acme, settings):
+    """What signed lines alone let through: the chain's last event deleted, another written in its
+    place, and the lines that checkpointed the old one cut from the file."""
+    old = AuditEvent.objects.get(tenant=acme, seq=3)
+    tamper(f"DELETE FROM {AuditEvent._meta.db_table} WHERE id = %s", [old.pk])  # noqa: S608
+    audit_record(tenant=acme, actor=None, action="policy.published")
+    file = settings.AIRLOCK_AUDIT_CHECKPOINTS
+    lines = file.read_text().splitlines(keepends=True)
+    cut = [number for number, line in enumerate(lines, 1) if json.loads(line)["hash"] == old.hash]
+    file.write_text("".join(line for number, line in enumerate(lines, 1) if number not in cut))
+    assert audit_verify(acme) is None  # every checkpoint left agrees with the chain
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", stdout=out)
+    assert f"BROKEN  checkpoints: line {cut[0]} of the checkpoint file does not follow the line before it" \
+           in out.getvalue()
+
+
+@CHECKPOINTED
+def test_checkpoint_lines_from_before_lines_were_linked_still_verify(alice, acme, settings):
+    """A file begun by an earlier version has lines without `prev`; the first linked line follows
+    the last of them."""
+    from controlplane import audit
+
+    file = settings.AIRLOCK_AUDIT_CHECKPOINTS
+    unlinked = []
+    for line in map(json.loads, file.read_text().splitlines()):
+        del line["prev"], line["mac"]
+        text = json.dumps(line, sort_keys=True, separators=(",", ":"))
+        unlinked.append(json.dumps({**line, "mac": audit._mac(text)}, sort_keys=True, separators=(",", ":")) + "\n")
+    file.write_text("".join(unlinked))
+    audit_record(tenant=acme, actor=None, action="policy.published")
+    found = audit.checkpoints()
+    assert (found.forged, found.cut) == ([], [])
+    assert [point.count for point in found.found[acme.pk]] == list(range(1, len(unlinked) + 2))
+    lines = file.read_text().splitlines(keepends=True)
+    file.write_text("".join(lines[:len(unlinked) - 1] + lines[len(unlinked):]))  # the line it follows cut out
+    assert audit.checkpoints().cut == [len(unlinked)]
+
+
+def test_concurrent_checkpoints_each_follow_the_line_before(settings):
+    from types import SimpleNamespace
+
+    from controlplane import audit
+
+    def write(worker: int) -> None:
+        for count in range(1, 41):
+            audit.checkpoint(SimpleNamespace(pk=worker, slug=f"t{worker}"), count, f"{worker:064x}")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(8)))
+    found = audit.checkpoints()
+    assert (found.forged, found.cut) == ([], [])
+    assert sorted(len(points) for points in found.found.values()) == [40] * 8

@@ -203,6 +203,16 @@ def test_each_session_reaches_only_its_own_proxy_which_goes_with_the_session(egr
     assert egress.probe(first, "fetch", "http://pypi.test/simple/airlock-probe/")["status"] == 200
 
 
+def test_the_egress_mount_shows_no_host_path(egress, settings):
+    if egress.driver == "docker":
+        pytest.skip("Docker's own overlay names its layers' host paths in every container's mountinfo")
+    session = egress.open()
+    seen = egress.run(session, "python3", "-c", "print(open('/proc/self/mountinfo').read())")["output"]
+    assert "/run/airlock" in seen or egress.driver == "gvisor", seen  # (gVisor shows its own table)
+    assert str(settings.AIRLOCK_SANDBOX_DIR) not in seen and session["id"] not in seen, seen
+    assert egress.probe(session, "fetch", "http://pypi.test/simple/airlock-probe/")["status"] == 200
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_each_connection_is_a_live_decision_event_on_the_sessions_websocket(settings, upstreams, acme,
                                                                                   async_agent):

@@ -124,6 +124,18 @@ def _healthy(port: int, source: str = "127.0.0.1") -> int:
         return _health(connection)
 
 
+def test_a_request_the_server_cannot_parse_gets_a_400_with_the_apis_headers():
+    """uvicorn writes that answer itself, before Django: it carried no CSP, nosniff or framing."""
+    with serving() as (url, _key, _data, _server), _connect(int(url.rsplit(":", 1)[1])) as connection:
+        connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n")
+        response = http.client.HTTPResponse(connection)
+        response.begin()
+        assert response.status == 400 and response.read() == b"Invalid HTTP request received."
+        assert response.headers["Content-Security-Policy"] == "default-src 'none'; frame-ancestors 'none'"
+        assert (response.headers["X-Content-Type-Options"], response.headers["X-Frame-Options"]) == ("nosniff", "DENY")
+        assert response.headers["Connection"] == "close"
+
+
 def test_a_client_that_sends_its_request_too_slowly_holds_no_connection():
     """uvicorn alone kept each of these open for ever: a thousand of them took every descriptor of
     a server with the common limit of 1024, and nobody else got in (slowloris)."""

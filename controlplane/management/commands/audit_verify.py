@@ -1,3 +1,4 @@
+from django.apps import apps
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
@@ -6,8 +7,9 @@ from controlplane.models import AuditEvent, Tenant
 
 
 class Command(BaseCommand):
-    help = ("Verify every tenant's audit chain (its keyed hashes, and its head against the latest checkpoint "
-            "outside the database); report each broken chain and what broke it, and exit non-zero.")
+    help = ("Verify every tenant's audit chain (its keyed hashes, and every head checkpointed outside the "
+            "database) and what the apps record beside it (policy versions and publications against the "
+            "chain); report each problem and what caused it, and exit non-zero.")
 
     def add_arguments(self, parser):
         parser.add_argument("--tenant", help="verify only this tenant (slug)")
@@ -20,9 +22,10 @@ class Command(BaseCommand):
                 raise CommandError(f"no tenant {tenant!r}")
         broken = 0
         try:
-            found, forged = checkpoints()
+            file = checkpoints()
+            found, forged, cut = file.found, file.forged, file.cut
         except FileNotFoundError:
-            found, forged = {}, []
+            found, forged, cut = {}, [], []
             if AuditEvent.objects.filter(tenant__in=tenants).exists():
                 broken += 1
                 self.stdout.write(f"BROKEN  checkpoints: the checkpoint file {settings.AIRLOCK_AUDIT_CHECKPOINTS} is "
@@ -32,6 +35,12 @@ class Command(BaseCommand):
             broken += 1
             self.stdout.write(f"BROKEN  checkpoints: line {number} of the checkpoint file is not signed by this "
                               "deployment's audit key: it was written or altered by someone else")
+        for number in cut:
+            broken += 1
+            self.stdout.write(f"BROKEN  checkpoints: line {number} of the checkpoint file does not follow the line "
+                              "before it: lines between them were cut out of the file (or the line before was "
+                              "altered)")
+        checks = [config for config in apps.get_app_configs() if hasattr(config, "audit_problems")]
         for each in tenants:
             link = audit_verify(each, found.pop(each.pk, []))
             count = AuditEvent.objects.filter(tenant=each).count()
@@ -40,6 +49,12 @@ class Command(BaseCommand):
             else:
                 broken += 1
                 self.stdout.write(f"BROKEN  {link.tenant}: event #{link.seq}: {link.problem}")
+            for problem in (problem for config in checks for problem in config.audit_problems(each)):
+                broken += 1
+                self.stdout.write(f"BROKEN  {each.slug}: {problem}")
+        for problem in (problem for config in checks for problem in config.platform_audit_problems()):
+            broken += 1
+            self.stdout.write(f"BROKEN  platform: {problem}")
         names = {each.slug for each in tenants}
         # Checkpointed, and gone from the database (not merely left out by --tenant).
         still_here = set(Tenant.objects.filter(pk__in=found).values_list("pk", flat=True))

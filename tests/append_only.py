@@ -1,0 +1,30 @@
+"""The database's refusals to change or delete audit rows and policy history, which the test
+database drops for Django's flush (tests/conftest.py) and tests of the refusals put back."""
+
+import contextlib
+import importlib
+
+from django.db import connection
+
+APPEND_ONLY = ["controlplane.migrations.0003_audit_append_only", "policies_app.migrations.0015_history_append_only"]
+
+
+def append_only_statements(vendor: str, *, drop: bool) -> list[str]:
+    """The statements that create (or drop) the database's refusals to change or delete audit
+    rows and policy history."""
+    return [statement for module in APPEND_ONLY
+            for statement in importlib.import_module(module).statements(vendor, drop=drop)]
+
+
+@contextlib.contextmanager
+def append_only_enforced():
+    """The database as a deployment's: its append-only triggers in place."""
+    with connection.cursor() as cursor:
+        for statement in append_only_statements(connection.vendor, drop=False):
+            cursor.execute(statement)
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            for statement in append_only_statements(connection.vendor, drop=True):
+                cursor.execute(statement)
