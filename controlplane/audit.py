@@ -15,12 +15,15 @@ database (AIRLOCK_AUDIT_CHECKPOINTS), linked to the line before it, and written 
 re-hashed and checkpoint lines cut out of the file are each found and named
 (docs/architecture.md, "Audit")."""
 
+import errno
 import fcntl
 import hashlib
 import hmac
 import json
 import logging
 import os
+import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,7 +34,8 @@ from django.utils import timezone
 from controlplane.models import AuditEvent, Tenant
 
 GENESIS = "0" * 64
-TAIL_BYTES = 64 * 1024  # more than a checkpoint line (a slug is at most 63 characters)
+TAIL_BYTES = 4096  # read back this much at a time for the last checkpoint line (~250 bytes)
+LOCK_WAIT_S = 1.0
 log = logging.getLogger("airlock.audit")
 
 
@@ -122,29 +126,60 @@ def checkpoint(tenant: Tenant, count: int, head: str) -> None:
     """Append a signed line with the tenant's head to the checkpoint file, and log it. Each line
     also carries the SHA-256 of the line before it (`prev`), under its signature: a line cut
     from the file's middle breaks the next one's link. A failed write is logged, never raised:
-    the event it follows has committed."""
+    the event it follows has committed, and the next checkpoint of the tenant covers it."""
     line = {"tenant_id": tenant.pk, "tenant": tenant.slug, "count": count, "hash": head,
             "at": timezone.now().isoformat()}
     log.info("audit checkpoint: tenant %s has %d events, head %s", tenant.slug, count, head)
     try:
-        descriptor = os.open(settings.AIRLOCK_AUDIT_CHECKPOINTS, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                             0o600)
+        descriptor = _open_checkpoints(os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)  # the last line read is the one written after (every process)
-            linked = {**line, "prev": _line_digest(_last_line(descriptor))}
+            _lock(descriptor)  # the last line read is the one the new line follows (in every process)
+            last = _last_line(descriptor)
+            linked = {**line, "prev": _line_digest(last.rstrip(b"\n"))}
             text = json.dumps(linked, sort_keys=True, separators=(",", ":"))
-            os.write(descriptor, (json.dumps({**linked, "mac": _mac(text)}, sort_keys=True,
-                                             separators=(",", ":")) + "\n").encode())
+            record = json.dumps({**linked, "mac": _mac(text)}, sort_keys=True, separators=(",", ":")) + "\n"
+            # (A line cut short, by a crash or a full disk, is ended first: the new one stands alone.)
+            os.write(descriptor, (b"\n" if last and not last.endswith(b"\n") else b"") + record.encode())
         finally:
             os.close(descriptor)
     except OSError as exc:
         log.error("could not write the audit checkpoint to %s: %s", settings.AIRLOCK_AUDIT_CHECKPOINTS, exc)
 
 
+def _open_checkpoints(flags: int) -> int:
+    """The checkpoint file, which must be a regular file: a FIFO or a device there would block
+    or feed the reader (it is opened without waiting, then checked)."""
+    descriptor = os.open(settings.AIRLOCK_AUDIT_CHECKPOINTS, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise OSError(errno.EINVAL, "the audit checkpoint file is not a regular file",
+                      str(settings.AIRLOCK_AUDIT_CHECKPOINTS))
+    return descriptor
+
+
+def _lock(descriptor: int) -> None:
+    """An exclusive lock on the file, waited for LOCK_WAIT_S at most: whoever else holds it (any
+    process that may open the file) does not hold up the request that wrote the event."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise OSError(errno.EWOULDBLOCK, f"another process holds its lock for more than {LOCK_WAIT_S} s",
+                              str(settings.AIRLOCK_AUDIT_CHECKPOINTS)) from None
+            time.sleep(0.005)
+
+
 def _last_line(descriptor: int) -> bytes:
-    end = os.lseek(descriptor, 0, os.SEEK_END)
-    tail = os.pread(descriptor, min(end, TAIL_BYTES), max(0, end - TAIL_BYTES))
-    return tail.rstrip(b"\n").rpartition(b"\n")[2] if tail else b""
+    """The file's last line, with its newline if it has one (b"" for an empty file)."""
+    tail, position = b"", os.lseek(descriptor, 0, os.SEEK_END)
+    while position > 0 and b"\n" not in tail[:-1]:  # (a line longer than TAIL_BYTES: further back)
+        start = max(0, position - TAIL_BYTES)
+        tail = os.pread(descriptor, position - start, start) + tail
+        position = start
+    return tail[tail.rfind(b"\n", 0, len(tail) - 1) + 1:]
 
 
 def _line_digest(raw: bytes) -> str:
@@ -161,13 +196,14 @@ class CheckpointFile:
 
 def checkpoints() -> CheckpointFile:
     """Every signed checkpoint, and what is wrong with the file's lines. FileNotFoundError when
-    there is no file. A tenant is its id, not its slug, which may be renamed. Lines written
-    before lines were linked carry no `prev`; once one does, every later line must."""
+    there is no file, OSError when it is not a regular file. A tenant is its id, not its slug,
+    which may be renamed. Lines written before lines were linked carry no `prev`; once one does,
+    every later line must."""
     found: dict[int, list[Checkpoint]] = {}
     forged: list[int] = []
     cut: list[int] = []
     previous, linked = b"", False
-    with open(settings.AIRLOCK_AUDIT_CHECKPOINTS, "rb") as lines:
+    with os.fdopen(_open_checkpoints(os.O_RDONLY), "rb") as lines:
         for number, raw in enumerate(lines, 1):
             raw = raw.rstrip(b"\n")
             try:

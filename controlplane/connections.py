@@ -225,6 +225,18 @@ class BoundedWebSocket(WebSocketsSansIOProtocol):
     def __init__(self, config, server_state, app_state, _loop=None):
         super().__init__(config, server_state, app_state, _loop)
         self.server_state = server_state
+        # Every answer but the upgrade itself (a handshake websockets refuses, the application's
+        # close before accepting, a 500) is written by the protocol's `send_response`: with the
+        # API's headers, like every answer written before Django.
+        send_response = self.conn.send_response
+
+        def send_with_headers(response) -> None:
+            if response.status_code != 101:
+                for name, value in API_HEADERS.items():
+                    response.headers[name] = value
+            send_response(response)
+
+        self.conn.send_response = send_with_headers
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)

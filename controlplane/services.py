@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane import signals
 from controlplane.audit import audit_record, user_of
 from controlplane.models import ApiKey, ApiKeyScope, Membership, Tenant
 from controlplane.roles import Role
@@ -24,6 +25,7 @@ def tenant_create(*, slug: str, name: str, actor=None) -> Tenant:
     tenant.full_clean()
     tenant.save()
     audit_record(tenant=tenant, actor=actor, action="tenant.created", target=tenant, data={"slug": slug})
+    signals.tenant_created.send(sender=Tenant, tenant=tenant, actor=actor)
     return tenant
 
 

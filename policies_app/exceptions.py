@@ -25,6 +25,7 @@ from controlplane.models import Tenant
 from policies_app import egress, narrowing
 from policies_app.document import BARE_NAME, EgressRequest
 from policies_app.engine import WORKSPACE, CompiledPolicy, Decision, path_candidates, path_escape
+from policies_app.integrity import grant_fields
 from policies_app.models import DecisionRecord, Policy, PolicyException
 
 GRANTABLE = {"exec": {"bin_not_allowed", "arg_denied", "default_deny"},
@@ -82,7 +83,7 @@ def exception_grant(*, policy: Policy, bin_name: str, args: list, cwd: str = WOR
         from_decision=from_decision)
     audit_record(tenant=policy.tenant, actor=actor, action="policy.exception_granted", target=grant,
                  data={"policy": policy.name, "command": grant.command, "cwd": grant.cwd, "reason": grant.reason,
-                       "ticket": grant.ticket, "expires_at": expires_at.isoformat()})
+                       "ticket": grant.ticket, "expires_at": expires_at.isoformat(), "grant": grant_fields(grant)})
     return grant
 
 
@@ -113,7 +114,7 @@ def exception_grant_egress(*, policy: Policy, host: str, port: int, expires_at: 
         from_decision=from_decision)
     audit_record(tenant=policy.tenant, actor=actor, action="policy.exception_granted", target=grant,
                  data={"policy": policy.name, "egress": grant.command, "reason": grant.reason,
-                       "ticket": grant.ticket, "expires_at": expires_at.isoformat()})
+                       "ticket": grant.ticket, "expires_at": expires_at.isoformat(), "grant": grant_fields(grant)})
     return grant
 
 

@@ -7,7 +7,7 @@ from django.db.models import Max
 
 from controlplane.audit import audit_record, user_of
 from controlplane.models import Tenant
-from policies_app import floor, lint
+from policies_app import floor, integrity, lint
 from policies_app.document import DocumentError, PolicyDocument, lines_of, parse_yaml
 from policies_app.engine import VersionRef
 from policies_app.models import FloorVersion, Policy, PolicyPublication, PolicyVersion
@@ -39,7 +39,8 @@ def version_create(*, policy: Policy, source: str, actor, note: str = "",
         author=user_of(actor), note=note, parent=parent or policy.published_version(),
     )
     audit_record(tenant=policy.tenant, actor=actor, action="policy.version_created", target=version,
-                 data={"policy": policy.name, "number": version.number, "sha256": version.sha256})
+                 data={"policy": policy.name, "number": version.number, "sha256": version.sha256,
+                       "source_sha256": integrity.source_digest(source)})
     return version
 
 
@@ -82,6 +83,7 @@ def version_publish(*, version: PolicyVersion, actor, note: str, action: str = P
         raise ValidationError({"network": [warning.message.removesuffix("; publishing refuses it")
                                            for warning in unreachable]})
     policy = version.policy
+    _publications_in_chain_order(policy)
     previous = policy.published_version()
     publication = PolicyPublication.objects.create(policy=policy, version=version, action=action,
                                                    actor=user_of(actor), note=note)
@@ -89,6 +91,13 @@ def version_publish(*, version: PolicyVersion, actor, note: str, action: str = P
                  target=version, data={"policy": policy.name, "number": version.number, "sha256": version.sha256,
                                        "previous": previous.number if previous else None, "note": note})
     return publication
+
+
+def _publications_in_chain_order(policy: Policy) -> None:
+    """Take the tenant's audit lock before a publication's row: concurrent publishes then get
+    their ids in the order of their audit events, which `audit_verify` compares
+    (policies_app/integrity.py)."""
+    Tenant.objects.select_for_update().filter(pk=policy.tenant_id).first()
 
 
 @transaction.atomic
@@ -113,6 +122,7 @@ def policy_retire(*, policy: Policy, actor, note: str) -> None:
         raise ValidationError({"policy": "nothing is published"})
     if not note.strip():
         raise ValidationError({"note": "say why you retire this policy"})
+    _publications_in_chain_order(policy)
     PolicyPublication.objects.create(policy=policy, version=current, action=PolicyPublication.RETIRE,
                                      actor=user_of(actor), note=note)
     audit_record(tenant=policy.tenant, actor=actor, action="policy.retired", target=current,
@@ -138,6 +148,15 @@ class FloorBreaks(Exception):
     def __init__(self, broken: list):
         super().__init__(f"{len(broken)} published version(s) would be refused")
         self.broken = broken
+
+
+def floor_record_in_force(*, tenant: Tenant, actor, **_) -> None:
+    """A new tenant's chain records the floor in force (controlplane.signals.tenant_created), as
+    every chain records each floor set: so every floor version in force while a tenant exists is
+    recorded somewhere, and `audit_verify` finds one inserted in the database."""
+    if (version := FloorVersion.objects.order_by("-number").first()) is not None:
+        audit_record(tenant=tenant, actor=actor, action="platform.floor_in_force", target=version,
+                     data={"number": version.number, "sha256": version.sha256})
 
 
 @transaction.atomic

@@ -6,7 +6,8 @@ import importlib
 
 from django.db import connection
 
-APPEND_ONLY = ["controlplane.migrations.0003_audit_append_only", "policies_app.migrations.0015_history_append_only"]
+APPEND_ONLY = ["controlplane.migrations.0003_audit_append_only", "controlplane.migrations.0007_audit_triggers_always",
+               "policies_app.migrations.0015_history_append_only", "policies_app.migrations.0016_history_always"]
 
 
 def append_only_statements(vendor: str, *, drop: bool) -> list[str]:
@@ -18,10 +19,15 @@ def append_only_statements(vendor: str, *, drop: bool) -> list[str]:
 
 @contextlib.contextmanager
 def append_only_enforced():
-    """The database as a deployment's: its append-only triggers in place."""
+    """The database as a deployment's: its append-only triggers in place. (PostgreSQL alters no
+    table with foreign-key checks pending in the test's transaction: they are run first.)"""
     with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         for statement in append_only_statements(connection.vendor, drop=False):
             cursor.execute(statement)
+        if connection.vendor == "postgresql":
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
     try:
         yield
     finally:

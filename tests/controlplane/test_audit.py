@@ -417,3 +417,83 @@ def test_concurrent_checkpoints_each_follow_the_line_before(settings):
     found = audit.checkpoints()
     assert (found.forged, found.cut) == ([], [])
     assert sorted(len(points) for points in found.found.values()) == [40] * 8
+
+
+def test_a_checkpoint_path_that_is_not_a_regular_file_neither_blocks_nor_crashes(settings, acme, caplog):
+    import os
+    import time
+
+    from controlplane import audit
+
+    os.mkfifo(settings.AIRLOCK_AUDIT_CHECKPOINTS)  # nobody reads it: an open for writing would wait for ever
+    started = time.monotonic()
+    audit.checkpoint(acme, 1, "0" * 64)
+    assert time.monotonic() - started < 1
+    assert "not a regular file" in caplog.text
+    with pytest.raises(OSError, match="not a regular file"):
+        audit.checkpoints()
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", stdout=out)
+    assert "BROKEN  checkpoints: the checkpoint file cannot be read" in out.getvalue()
+
+
+def test_a_line_cut_short_by_a_crash_is_ended_before_the_next(settings):
+    from types import SimpleNamespace
+
+    from controlplane import audit
+
+    tenant = SimpleNamespace(pk=1, slug="acme")
+    audit.checkpoint(tenant, 1, "1" * 64)
+    with settings.AIRLOCK_AUDIT_CHECKPOINTS.open("ab") as file:
+        file.write(b'{"tenant_id":1,"tenant":"ac')  # the disk filled up mid-line
+    audit.checkpoint(tenant, 2, "2" * 64)
+    audit.checkpoint(tenant, 3, "3" * 64)
+    found = audit.checkpoints()
+    assert (found.forged, found.cut) == ([2], [])  # the fragment, and nothing lost after it
+    assert [point.count for point in found.found[1]] == [1, 2, 3]
+
+
+def test_a_line_longer_than_one_read_is_followed_all_the_same(settings):
+    from types import SimpleNamespace
+
+    from controlplane import audit
+
+    audit.checkpoint(SimpleNamespace(pk=1, slug="x" * 70_000), 1, "1" * 64)  # (SQLite keeps any length)
+    audit.checkpoint(SimpleNamespace(pk=2, slug="acme"), 1, "2" * 64)
+    assert audit.checkpoints().cut == []
+
+
+def test_a_lock_held_elsewhere_delays_an_event_a_second_at_most(settings, acme, caplog):
+    import subprocess
+    import sys
+    import time
+
+    from controlplane import audit
+
+    audit.checkpoint(acme, 1, "1" * 64)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                               f"f = open({str(settings.AIRLOCK_AUDIT_CHECKPOINTS)!r})\n"
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        audit.checkpoint(acme, 2, "2" * 64)
+        assert time.monotonic() - started < audit.LOCK_WAIT_S + 0.5
+        assert "holds its lock" in caplog.text
+    finally:
+        holder.kill()
+        holder.wait()
+    audit.checkpoint(acme, 3, "3" * 64)  # the next one is written, and follows the line before
+    found = audit.checkpoints()
+    assert ([point.count for point in found.found[acme.pk]], found.cut) == ([1, 3], [])
+
+
+@CHECKPOINTED
+def test_an_emptied_checkpoint_file_is_reported(alice, acme, settings):
+    settings.AIRLOCK_AUDIT_CHECKPOINTS.write_text("")
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", stdout=out)
+    assert "BROKEN  checkpoints: the checkpoint file" in out.getvalue() and "is empty" in out.getvalue()

@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection, transaction
 from controlplane.models import AuditEvent
 from policies_app import integrity, services
 from policies_app.document import parse_yaml
-from policies_app.models import FloorVersion, PolicyPublication, PolicyVersion
+from policies_app.models import FloorVersion, PolicyException, PolicyPublication, PolicyVersion
 from tests.append_only import append_only_enforced
 
 V1 = """commands:
@@ -83,18 +83,18 @@ def test_an_intact_history_has_no_problem(history, acme):
     assert integrity.floor_problems() == []
 
 
-def forge(version: PolicyVersion, source: str, *, sha256: str | None = None) -> None:
+def forge(version: PolicyVersion, source: str, *, document: dict | None = None, sha256: str | None = None) -> None:
     """What whoever dropped the triggers can do: delete a version and insert another, with the
     same id and number, another document and (unless `sha256` is given) that document's own
     sha256. (Foreign keys are checked when the transaction ends, with the row back.)"""
-    document = parse_yaml(source)
+    parsed = parse_yaml(source)
     table = PolicyVersion._meta.db_table
     with transaction.atomic():
         run(f"DELETE FROM {table} WHERE id = %s", [version.pk])  # noqa: S608
         run(f"INSERT INTO {table} (id, policy_id, number, document, source, sha256, author_id, created_at, "  # noqa: S608
             "parent_id, note) VALUES (%s, %s, %s, %s, %s, %s, NULL, %s, %s, '')",
-            [version.pk, version.policy_id, version.number, json.dumps(document.canonical()), source,
-             sha256 or document.sha256(), version.created_at, version.parent_id])
+            [version.pk, version.policy_id, version.number, json.dumps(document or parsed.canonical()), source,
+             sha256 or parsed.sha256(), version.created_at, version.parent_id])
 
 
 def test_a_version_deleted_and_inserted_again_with_other_content_is_found(history, acme):
@@ -110,7 +110,23 @@ def test_a_document_changed_in_place_is_found_by_its_own_digest(history, acme):
     v1 = history.versions.get(number=1)
     forge(v1, V2, sha256=v1.sha256)
     assert integrity.tenant_problems(acme) == [
-        "policy default v1: its document does not match its own sha256 (it was changed in the database)"]
+        "policy default v1: its document does not match its own sha256 (it was changed in the database)",
+        f"policy default v1: its source is not the one audit event #{created_event(v1)} recorded (it was changed "
+        "in the database)"]
+
+
+def test_a_source_changed_alone_is_found(history, acme):
+    """The source is read as well as the document (the driver a session runs on, a rollback's
+    new version), so it is recorded too."""
+    v1 = history.versions.get(number=1)
+    forge(v1, V1 + "runtime: {driver: bubblewrap}\n", document=v1.document, sha256=v1.sha256)
+    assert integrity.tenant_problems(acme) == [
+        f"policy default v1: its source is not the one audit event #{created_event(v1)} recorded (it was changed "
+        "in the database)"]
+
+
+def created_event(version) -> int:
+    return AuditEvent.objects.get(action="policy.version_created", target_id=str(version.pk)).seq
 
 
 def test_a_deleted_version_and_an_inserted_one_are_found(history, acme, alice):
@@ -166,7 +182,7 @@ def test_a_floor_version_deleted_and_inserted_again_is_found(history):
     assert problem.startswith("platform floor v1: not the floor that acme's audit event #")
     run(f"DELETE FROM {table} WHERE id = %s", [floor.pk])  # noqa: S608
     [problem] = integrity.floor_problems()
-    assert problem.startswith("platform floor v1: set at acme's audit event #") and problem.endswith("(deleted)")
+    assert problem.startswith("platform floor v1: recorded at acme's audit event #") and problem.endswith("(deleted)")
 
 
 @pytest.mark.django_db(transaction=True)  # (checkpoints are written once their events commit)
@@ -184,3 +200,180 @@ def test_audit_verify_reports_a_rewritten_history_and_passes_an_intact_one(acme,
         call_command("audit_verify", stdout=out)
     assert failure.value.returncode == 3
     assert "BROKEN  acme: policy default v1: not the version that audit event #" in out.getvalue()
+
+
+def test_sqlite_refuses_to_replace_a_publication(history):
+    """SQLite's REPLACE deletes the row it meets without firing the DELETE trigger."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's upsert is an UPDATE, refused")
+    last = PolicyPublication.objects.order_by("-id").first()
+    v2 = history.versions.get(number=2)
+    table = PolicyPublication._meta.db_table
+    with append_only_enforced():
+        for verb in ("INSERT OR REPLACE", "REPLACE"):
+            assert refused(f"{verb} INTO {table} (id, policy_id, version_id, action, actor_id, note, created_at) "  # noqa: S608
+                           f"SELECT id, policy_id, %s, action, actor_id, note, created_at FROM {table} WHERE id = %s",
+                           [v2.pk, last.pk])
+    assert PolicyPublication.objects.get(pk=last.pk).version_id == last.version_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_refuses_even_a_replication_role_session(acme, alice):
+    """`session_replication_role = replica` skips ordinary triggers; these fire ALWAYS."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a PostgreSQL setting")
+    policy = services.policy_create(tenant=acme, name="default", actor=alice)
+    services.version_publish(version=services.version_create(policy=policy, source=V1, actor=alice),
+                             actor=alice, note="first")
+    with append_only_enforced():
+        for table in (PolicyPublication._meta.db_table, PolicyVersion._meta.db_table, AuditEvent._meta.db_table):
+            try:
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL session_replication_role = replica")
+                    cursor.execute(f"DELETE FROM {table}")  # noqa: S608
+            except DatabaseError as exc:
+                assert "append-only" in str(exc), exc
+            else:
+                pytest.fail(f"{table}: a replica session deleted its rows")
+    assert PolicyPublication.objects.exists() and AuditEvent.objects.filter(tenant=acme).count() == 5
+
+
+def test_a_publication_moved_to_another_policy_is_found(history, acme, alice):
+    """Another policy's wide version, published in this one's name: the row's policy is compared
+    with the version's and with the chain's."""
+    ops = services.policy_create(tenant=acme, name="ops", actor=alice)
+    wide = services.version_create(policy=ops, source="commands:\n  - {id: pytest, bin: pytest}\n", actor=alice)
+    services.version_publish(version=wide, actor=alice, note="ops")
+    moved = PolicyPublication.objects.get(policy=ops)
+    table = PolicyPublication._meta.db_table
+    with transaction.atomic():
+        run(f"DELETE FROM {table} WHERE id = %s", [moved.pk])  # noqa: S608
+        run(f"INSERT INTO {table} (id, policy_id, version_id, action, note, created_at) "  # noqa: S608
+            "VALUES (%s, %s, %s, 'publish', 'ops', %s)", [moved.pk, history.pk, wide.pk, moved.created_at])
+    assert history.published_version() == wide
+    [problem] = integrity.tenant_problems(acme)
+    assert "next publication is a publish of policy default v1, a version of policy ops" in problem, problem
+
+
+@pytest.mark.django_db(transaction=True)
+def test_publications_written_at_once_keep_the_chains_order(acme, alice, monkeypatch):
+    """A publication's row takes its id before the audit event its seq: two publishes at once got
+    them in opposite orders, and `audit_verify` reported an honest history for ever. The
+    tenant's audit lock is now taken first (PostgreSQL; SQLite's writers take turns anyway)."""
+    import threading
+
+    from django.db import connections
+
+    first = services.policy_create(tenant=acme, name="first", actor=alice)
+    second = services.policy_create(tenant=acme, name="second", actor=alice)
+    versions = [services.version_create(policy=policy, source=V1, actor=alice) for policy in (first, second)]
+    inserted, published = threading.Event(), threading.Event()
+    record = services.audit_record
+
+    def held_record(**kwargs):  # the first publish stops between its row and its audit event
+        if kwargs.get("target") == versions[0] and kwargs["action"] == "policy.published":
+            inserted.set()
+            published.wait(1)  # the second publish, if it is not held up meanwhile
+        return record(**kwargs)
+
+    monkeypatch.setattr(services, "audit_record", held_record)
+
+    def publish(version, after: threading.Event | None = None):
+        if after is not None:
+            after.wait(10)
+        try:
+            services.version_publish(version=version, actor=alice, note="at once")
+        finally:
+            if after is not None:
+                published.set()
+            connections.close_all()
+
+    threads = [threading.Thread(target=publish, args=(versions[0],)),
+               threading.Thread(target=publish, args=(versions[1], inserted))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert PolicyPublication.objects.count() == 2
+    assert integrity.tenant_problems(acme) == []
+
+
+@pytest.fixture
+def granted(history, alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from policies_app import exceptions
+
+    later = timezone.now() + timedelta(days=1)
+    kept = exceptions.exception_grant(policy=history, bin_name="pytest", args=["-c", "x"], expires_at=later,
+                                      reason="debugging CI", actor=alice)
+    gone = exceptions.exception_grant_egress(policy=history, host="pypi.org", port=443, expires_at=later,
+                                             reason="a wheel", actor=alice)
+    exceptions.exception_revoke(grant=gone, actor=alice)
+    return kept, gone
+
+
+def test_exceptions_granted_and_revoked_are_checked_against_the_chain(granted, acme):
+    kept, gone = granted
+    table = PolicyException._meta.db_table
+    assert integrity.tenant_problems(acme) == []
+    run(f"UPDATE {table} SET args = %s WHERE id = %s", [json.dumps(["-c x"]), kept.pk.hex])  # noqa: S608
+    run(f"UPDATE {table} SET revoked_at = NULL WHERE id = %s", [gone.pk.hex])  # noqa: S608
+    problems = integrity.tenant_problems(acme)
+    assert [problem.split(": ", 1)[1].split(" (")[0] for problem in problems] == [
+        f"not what audit event #{event_of(kept)} granted", f"revoked at audit event #{event_of(gone, 'revoked')}, "
+        "and in force again"]
+    forged = PolicyException.objects.create(tenant=acme, policy=kept.policy, bin="sh", args=["-c", "curl x|sh"],
+                                            reason="x", expires_at=kept.expires_at, created_by="user:alice")
+    assert (f"exception {forged.pk} ('sh -c curl x|sh'): the audit chain has no record of it being granted (it was "
+            "inserted in the database)") in integrity.tenant_problems(acme)
+
+
+def event_of(grant, what: str = "granted") -> int:
+    return AuditEvent.objects.get(action=f"policy.exception_{what}", target_id=str(grant.pk)).seq
+
+
+def test_a_floor_version_inserted_is_found_and_a_new_tenant_records_the_floor_in_force(acme, db):
+    from controlplane.services import tenant_create
+
+    services.floor_set(source=FLOOR, actor=None, note="wide open", accept_breaking=True)
+    later = tenant_create(slug="later", name="Later")
+    recorded = AuditEvent.objects.filter(tenant=later).order_by("seq").values_list("action", flat=True)
+    assert list(recorded) == ["tenant.created", "platform.floor_in_force"]
+    assert integrity.floor_problems() == []
+    document = parse_yaml("limits: {cpus: 16}\ncommands:\n  - {id: sh, bin: sh}\n")
+    FloorVersion.objects.create(number=2, document=document.canonical(), source="", sha256=document.sha256(), note="")
+    assert integrity.floor_problems() == [
+        "platform floor v2: no tenant's audit chain records it (it was inserted in the database)"]
+
+
+def test_floor_versions_set_before_any_tenant_are_not_reported(db):
+    from controlplane.services import tenant_create
+
+    for note in ("first", "second"):
+        services.floor_set(source=FLOOR, actor=None, note=note, accept_breaking=True)
+    assert integrity.floor_problems() == []
+    tenant_create(slug="first", name="First")  # records v2, the floor in force; v1 was never in force with a tenant
+    assert integrity.floor_problems() == []
+
+
+def test_a_row_no_honest_write_makes_is_reported_not_a_crash(history, acme):
+    """A lone surrogate in a stored document (SQLite keeps JSON as text); an event's data that is
+    not an object."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's jsonb refuses a lone surrogate")
+    v1 = history.versions.get(number=1)
+    with transaction.atomic():
+        run(f"DELETE FROM {PolicyVersion._meta.db_table} WHERE id = %s", [v1.pk])  # noqa: S608
+        run(f"INSERT INTO {PolicyVersion._meta.db_table} (id, policy_id, number, document, source, sha256, "  # noqa: S608
+            "created_at, note) VALUES (%s, %s, 1, %s, %s, %s, %s, '')",
+            [v1.pk, history.pk, '{"mode": "\\ud800"}', v1.source, v1.sha256, v1.created_at])
+    run(f"INSERT INTO {AuditEvent._meta.db_table} (tenant_id, seq, created_at, actor, action, target_type, "  # noqa: S608
+        "target_id, data, prev_hash, hash) VALUES (%s, 999, %s, 'x', 'policy.published', '', '', '[1]', '', '')",
+        [acme.pk, v1.created_at])
+    problems = integrity.tenant_problems(acme)
+    assert problems[0] == ("policy default v1: its document does not match its own sha256 (it was changed in the "
+                           "database)")
+    assert problems[-1].startswith("publications: audit event #999 records policy.published of policy None")

@@ -124,18 +124,6 @@ def _healthy(port: int, source: str = "127.0.0.1") -> int:
         return _health(connection)
 
 
-def test_a_request_the_server_cannot_parse_gets_a_400_with_the_apis_headers():
-    """uvicorn writes that answer itself, before Django: it carried no CSP, nosniff or framing."""
-    with serving() as (url, _key, _data, _server), _connect(int(url.rsplit(":", 1)[1])) as connection:
-        connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n")
-        response = http.client.HTTPResponse(connection)
-        response.begin()
-        assert response.status == 400 and response.read() == b"Invalid HTTP request received."
-        assert response.headers["Content-Security-Policy"] == "default-src 'none'; frame-ancestors 'none'"
-        assert (response.headers["X-Content-Type-Options"], response.headers["X-Frame-Options"]) == ("nosniff", "DENY")
-        assert response.headers["Connection"] == "close"
-
-
 def test_a_client_that_sends_its_request_too_slowly_holds_no_connection():
     """uvicorn alone kept each of these open for ever: a thousand of them took every descriptor of
     a server with the common limit of 1024, and nobody else got in (slowloris)."""
@@ -189,13 +177,30 @@ def _websocket(port: int, source: str = "127.0.0.1") -> socket.socket:
     return connection
 
 
+API_HEADER_LINES = (b"\r\ncontent-security-policy: default-src 'none'; frame-ancestors 'none'\r\n",
+                    b"\r\nx-content-type-options: nosniff\r\n", b"\r\nx-frame-options: deny\r\n")
+
+
 def test_a_websocket_to_no_stream_and_a_forged_host_are_refused_and_log_no_traceback():
+    """...and every refusal written before Django (by uvicorn or websockets) carries the API's
+    headers: they carried no CSP, nosniff or framing."""
     with serving() as (url, _key, data, _server):
         port = int(url.rsplit(":", 1)[1])
         for path in ("/ws/nowhere/", "/ws/sessions/not-a-uuid/", "/static/app.js"):
             connection, answer = _handshake(port, path)
             connection.close()
             assert answer.startswith(b"HTTP/1.1 403 "), path
+            assert all(line in answer.lower() for line in API_HEADER_LINES), answer
+        for request, status in [
+            (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n", b"400"),  # uvicorn's own
+            (b"GET /ws/nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Version: 13\r\n\r\n", b"400"),  # websockets': no key
+        ]:
+            with _connect(port) as connection:
+                connection.sendall(request)
+                answer = connection.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 " + status + b" "), answer
+            assert all(line in answer.lower() for line in API_HEADER_LINES), answer
         with _connect(port) as connection:  # a Host this deployment does not serve: 400, one line logged
             connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: forged.example\r\n\r\n")
             assert connection.recv(65536).startswith(b"HTTP/1.1 400 ")
