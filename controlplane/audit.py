@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,7 +36,9 @@ from controlplane.models import AuditEvent, Tenant
 
 GENESIS = "0" * 64
 TAIL_BYTES = 4096  # read back this much at a time for the last checkpoint line (~250 bytes)
+LINE_MAX = 2**20
 LOCK_WAIT_S = 1.0
+_writers = threading.Lock()
 log = logging.getLogger("airlock.audit")
 
 
@@ -133,17 +136,45 @@ def checkpoint(tenant: Tenant, count: int, head: str) -> None:
     try:
         descriptor = _open_checkpoints(os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
-            _lock(descriptor)  # the last line read is the one the new line follows (in every process)
-            last = _last_line(descriptor)
-            linked = {**line, "prev": _line_digest(last.rstrip(b"\n"))}
-            text = json.dumps(linked, sort_keys=True, separators=(",", ":"))
-            record = json.dumps({**linked, "mac": _mac(text)}, sort_keys=True, separators=(",", ":")) + "\n"
-            # (A line cut short, by a crash or a full disk, is ended first: the new one stands alone.)
-            os.write(descriptor, (b"\n" if last and not last.endswith(b"\n") else b"") + record.encode())
+            # The last line read is the one the new line follows: this process's writers take
+            # turns, and each holds the file's lock against other processes (each wait bounded).
+            if not _writers.acquire(timeout=LOCK_WAIT_S):
+                raise OSError(errno.EWOULDBLOCK, f"this process's other writers held it for more than {LOCK_WAIT_S} s",
+                              str(settings.AIRLOCK_AUDIT_CHECKPOINTS))
+            try:
+                _append(descriptor, line)
+            finally:
+                _writers.release()
         finally:
             os.close(descriptor)
-    except OSError as exc:
+    except Exception as exc:  # (never into the request: its event has committed)
         log.error("could not write the audit checkpoint to %s: %s", settings.AIRLOCK_AUDIT_CHECKPOINTS, exc)
+
+
+def _append(descriptor: int, line: dict) -> None:
+    _lock(descriptor)
+    size = os.lseek(descriptor, 0, os.SEEK_END)
+    last = _last_line(descriptor, size)
+    if not last and (held := _events_held()):
+        # The file begins (again) while the database holds events it did not see: it was deleted
+        # or emptied, or checkpoints could not be written. Said in the first line, under its MAC.
+        line = {**line, "events_before": held - 1}
+    linked = {**line, "prev": _line_digest(last.rstrip(b"\n"))}
+    text = json.dumps(linked, sort_keys=True, separators=(",", ":"))
+    record = json.dumps({**linked, "mac": _mac(text)}, sort_keys=True, separators=(",", ":")) + "\n"
+    # (A line cut short, by a crash or a full disk, is ended first: the new one stands alone.)
+    data = (b"\n" if last and not last.endswith(b"\n") else b"") + record.encode()
+    if os.write(descriptor, data) != len(data):  # a full disk: take the part back, say so
+        os.ftruncate(descriptor, size)
+        raise OSError(errno.ENOSPC, "the line was written in part (the disk is full?) and taken back",
+                      str(settings.AIRLOCK_AUDIT_CHECKPOINTS))
+
+
+def _events_held() -> int | None:
+    try:
+        return AuditEvent.objects.count()
+    except Exception:  # no database here (a test's bare call): nothing to say
+        return None
 
 
 def _open_checkpoints(flags: int) -> int:
@@ -172,13 +203,18 @@ def _lock(descriptor: int) -> None:
             time.sleep(0.005)
 
 
-def _last_line(descriptor: int) -> bytes:
-    """The file's last line, with its newline if it has one (b"" for an empty file)."""
-    tail, position = b"", os.lseek(descriptor, 0, os.SEEK_END)
-    while position > 0 and b"\n" not in tail[:-1]:  # (a line longer than TAIL_BYTES: further back)
+def _last_line(descriptor: int, size: int) -> bytes:
+    """The file's last line (with its newline if it has one; b"" for an empty file), read back
+    TAIL_BYTES at a time, LINE_MAX at most: a longer line is never an honest one."""
+    chunks, position = [], size
+    while position > 0 and size - position < LINE_MAX:
         start = max(0, position - TAIL_BYTES)
-        tail = os.pread(descriptor, position - start, start) + tail
+        chunk = os.pread(descriptor, position - start, start)
+        chunks.append(chunk)
+        if b"\n" in (chunk[:-1] if position == size else chunk):  # (the file's own last newline ends no line)
+            break
         position = start
+    tail = b"".join(reversed(chunks))
     return tail[tail.rfind(b"\n", 0, len(tail) - 1) + 1:]
 
 
@@ -192,6 +228,7 @@ class CheckpointFile:
     found: dict[int, list[Checkpoint]]  # the signed lines, by tenant id, in the file's order
     forged: list[int]  # numbers of lines whose signature does not hold
     cut: list[int]  # numbers of lines that do not follow the line before them (lines were cut out)
+    restarted: list[tuple[int, int]]  # (line, events the database held before): the file begun again
 
 
 def checkpoints() -> CheckpointFile:
@@ -202,6 +239,7 @@ def checkpoints() -> CheckpointFile:
     found: dict[int, list[Checkpoint]] = {}
     forged: list[int] = []
     cut: list[int] = []
+    restarted: list[tuple[int, int]] = []
     previous, linked = b"", False
     with os.fdopen(_open_checkpoints(os.O_RDONLY), "rb") as lines:
         for number, raw in enumerate(lines, 1):
@@ -217,12 +255,14 @@ def checkpoints() -> CheckpointFile:
                 forged.append(number)
             else:
                 found.setdefault(point.tenant_id, []).append(point)
+                if isinstance(line.get("events_before"), int) and line["events_before"] > 0:
+                    restarted.append((number, line["events_before"]))
                 if "prev" in line or linked:
                     linked = True
                     if line.get("prev") != _line_digest(previous):
                         cut.append(number)
             previous = raw
-    return CheckpointFile(found, forged, cut)
+    return CheckpointFile(found, forged, cut, restarted)
 
 
 # -- verification ---------------------------------------------------------------------------

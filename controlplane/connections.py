@@ -233,7 +233,8 @@ class BoundedWebSocket(WebSocketsSansIOProtocol):
         def send_with_headers(response) -> None:
             if response.status_code != 101:
                 for name, value in API_HEADERS.items():
-                    response.headers[name] = value
+                    if name not in response.headers:  # (websockets' Headers add, never replace)
+                        response.headers[name] = value
             send_response(response)
 
         self.conn.send_response = send_with_headers

@@ -28,7 +28,7 @@ class Widening:
 
 
 def current() -> FloorVersion | None:
-    return FloorVersion.objects.order_by("-number").first()
+    return FloorVersion.objects.order_by("-number", "-id").first()  # (one number each: migration 0011)
 
 
 def document_of(version: FloorVersion) -> PolicyDocument:

@@ -21,11 +21,16 @@ and each platform floor. `audit_verify` therefore also compares:
 
 Each problem is a line of text; the chain itself is checked by controlplane/audit.py."""
 
+import collections
 import hashlib
 import json
 from datetime import datetime
 
+from pydantic import ValidationError as PydanticError
+
 from controlplane.models import AuditEvent, Tenant
+from policies_app import floor
+from policies_app.document import DocumentError, Runtime, parse_yaml
 from policies_app.models import FloorVersion, PolicyException, PolicyPublication, PolicyVersion
 
 PUBLICATION_EVENTS = {"policy.published": PolicyPublication.PUBLISH, "policy.rollback": PolicyPublication.ROLLBACK,
@@ -42,6 +47,21 @@ def digest(document) -> str:
 
 def source_digest(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def runtime_agrees(source: str, document) -> bool:
+    """Whether the runtime a version's source names (which decides its sessions' driver:
+    sessions.services.driver_of) is its document's. Documents stored before `runtime.driver`
+    became optional say `bubblewrap` where the source names none. A source today's schema
+    refuses is not compared (its document decides)."""
+    try:
+        written = parse_yaml(source).runtime
+        stored = Runtime.model_validate(document["runtime"])
+    except (DocumentError, PydanticError, KeyError, TypeError):
+        return True
+    if written.driver is None and written.isolation == "standard":
+        return stored.driver in (None, "bubblewrap") and stored.isolation == "standard"
+    return (written.driver, written.isolation) == (stored.driver, stored.isolation)
 
 
 def tenant_problems(tenant: Tenant) -> list[str]:
@@ -75,6 +95,9 @@ def _version_problems(tenant: Tenant) -> list[str]:
         elif "source_sha256" in data and data["source_sha256"] != source_digest(version.source):
             problems.append(f"{name}: its source is not the one audit event #{seq} recorded (it was changed in the "
                             "database)")
+        elif not runtime_agrees(version.source, version.document):
+            problems.append(f"{name}: the runtime its source names is not its document's (the source was changed in "
+                            "the database)")
     for seq, data in sorted(recorded.values(), key=lambda entry: entry[0]):
         problems.append(f"policy {data.get('policy')} v{data.get('number')}: saved at audit event #{seq}, and gone "
                         "from the database (deleted)")
@@ -167,12 +190,16 @@ def floor_problems() -> list[str]:
     for slug, seq, target, data in AuditEvent.objects.filter(action__in=FLOOR_EVENTS).order_by("seq").values_list(
             "tenant__slug", "seq", "target_id", "data"):
         recorded.setdefault(target, []).append((slug, seq, data if isinstance(data, dict) else {}))
-    versions = list(FloorVersion.objects.order_by("number"))
+    versions = list(FloorVersion.objects.order_by("number", "id"))
     first = min((version.number for version in versions if str(version.pk) in recorded), default=None)
-    in_force = versions[-1] if versions else None
+    in_force = floor.current()
     problems = []
+    numbers = collections.Counter(version.number for version in versions)
     for version in versions:
         name = f"platform floor v{version.number}"
+        if numbers[version.number] > 1:
+            problems.append(f"{name}: {numbers[version.number]} floor versions have this number (one was inserted "
+                            "in the database)")
         if digest(version.document) != version.sha256:
             problems.append(f"{name}: its document does not match its own sha256 (it was changed in the database)")
         entries = recorded.pop(str(version.pk), [])
@@ -182,9 +209,11 @@ def floor_problems() -> list[str]:
                                 f"(v{data.get('number')}, sha256 {data.get('sha256')}): it was deleted and inserted "
                                 "again with other content")
                 break
-        if not entries and ((first is not None and version.number > first)
-                            or (version is in_force and Tenant.objects.exists())):
-            problems.append(f"{name}: no tenant's audit chain records it (it was inserted in the database)")
+        if not entries and ((first is not None and version.number >= first)
+                            or (in_force is not None and version.pk == in_force.pk and Tenant.objects.exists())):
+            problems.append(f"{name}: no tenant's audit chain records it (it was inserted in the database; or it was "
+                            "set while there was no tenant, and the tenants were made by an Airlock from before "
+                            "floors were recorded in new tenants' chains: set it again to record it)")
     for entries in recorded.values():
         slug, seq, data = entries[0]
         problems.append(f"platform floor v{data.get('number')}: recorded at {slug}'s audit event #{seq}, and gone from "

@@ -1,17 +1,21 @@
 """Writes of policies: versions, publish, rollback, retire. Each goes to the audit log."""
 
+import logging
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from controlplane.audit import audit_record, user_of
-from controlplane.models import Tenant
+from controlplane.models import AuditEvent, Tenant
 from policies_app import floor, integrity, lint
 from policies_app.document import DocumentError, PolicyDocument, lines_of, parse_yaml
 from policies_app.engine import VersionRef
 from policies_app.models import FloorVersion, Policy, PolicyPublication, PolicyVersion
 from policies_app.testing import run_tests, shown
+
+log = logging.getLogger("airlock.policies")
 
 
 @transaction.atomic
@@ -32,7 +36,9 @@ def version_create(*, policy: Policy, source: str, actor, note: str = "",
                    parent: PolicyVersion | None = None) -> PolicyVersion:
     """Save a draft. Raises DocumentError (field paths and YAML lines) when it is not valid."""
     document = parse_yaml(source)
-    Policy.objects.select_for_update().filter(pk=policy.pk).first()  # one number at a time
+    # One number at a time. (A lock that leaves the key alone: a concurrent publication's foreign-key
+    # check takes a key-share lock of this row, and waited for ours while we waited for its tenant.)
+    Policy.objects.select_for_update(no_key=True).filter(pk=policy.pk).first()
     last = policy.versions.aggregate(last=Max("number"))["last"] or 0
     version = PolicyVersion.objects.create(
         policy=policy, number=last + 1, document=document.canonical(), source=source, sha256=document.sha256(),
@@ -153,10 +159,20 @@ class FloorBreaks(Exception):
 def floor_record_in_force(*, tenant: Tenant, actor, **_) -> None:
     """A new tenant's chain records the floor in force (controlplane.signals.tenant_created), as
     every chain records each floor set: so every floor version in force while a tenant exists is
-    recorded somewhere, and `audit_verify` finds one inserted in the database."""
-    if (version := FloorVersion.objects.order_by("-number").first()) is not None:
+    recorded somewhere, and `audit_verify` finds one inserted in the database. Only a floor some
+    chain already vouches for is recorded (or the first tenant's, set while there was none): a
+    new tenant must not vouch for a floor inserted in the database."""
+    version = floor.current()
+    if version is None:
+        return
+    vouched = AuditEvent.objects.filter(action__in=integrity.FLOOR_EVENTS, target_id=str(version.pk),
+                                        data__sha256=version.sha256).exists()
+    if vouched or not Tenant.objects.exclude(pk=tenant.pk).exists():
         audit_record(tenant=tenant, actor=actor, action="platform.floor_in_force", target=version,
                      data={"number": version.number, "sha256": version.sha256})
+    else:
+        log.error("platform floor v%d is in force but no tenant's audit chain records it: not recorded for the new "
+                  "tenant %s (manage.py audit_verify)", version.number, tenant.slug)
 
 
 @transaction.atomic

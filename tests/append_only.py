@@ -7,7 +7,8 @@ import importlib
 from django.db import connection
 
 APPEND_ONLY = ["controlplane.migrations.0003_audit_append_only", "controlplane.migrations.0007_audit_triggers_always",
-               "policies_app.migrations.0015_history_append_only", "policies_app.migrations.0016_history_always"]
+               "policies_app.migrations.0015_history_append_only", "policies_app.migrations.0016_history_always",
+               "policies_app.migrations.0017_policy_identity"]
 
 
 def append_only_statements(vendor: str, *, drop: bool) -> list[str]:

@@ -497,3 +497,35 @@ def test_an_emptied_checkpoint_file_is_reported(alice, acme, settings):
     with pytest.raises(CommandError):
         call_command("audit_verify", stdout=out)
     assert "BROKEN  checkpoints: the checkpoint file" in out.getvalue() and "is empty" in out.getvalue()
+
+
+@CHECKPOINTED
+@pytest.mark.parametrize("how", ["deleted", "emptied"])
+def test_a_checkpoint_file_begun_again_is_reported_after_the_next_event_too(how, alice, bob, charlie, acme, settings):
+    """The next event made a new file, and a truncation before it was lost with the old one."""
+    table = AuditEvent._meta.db_table
+    tamper(f"DELETE FROM {table} WHERE tenant_id = %s AND seq >= 2", [acme.pk])  # noqa: S608
+    if how == "deleted":
+        settings.AIRLOCK_AUDIT_CHECKPOINTS.unlink()
+    else:
+        settings.AIRLOCK_AUDIT_CHECKPOINTS.write_text("")
+    audit_record(tenant=Tenant.objects.get(slug="globex"), actor=None, action="policy.published")
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("audit_verify", stdout=out)
+    held = AuditEvent.objects.count() - 1
+    assert (f"BROKEN  checkpoints: line 1 begins the checkpoint file again, though the database held {held} audit "
+            "events") in out.getvalue()
+
+
+def test_a_very_long_last_line_costs_one_bounded_read(settings):
+    import time
+    from types import SimpleNamespace
+
+    from controlplane import audit
+
+    settings.AIRLOCK_AUDIT_CHECKPOINTS.write_bytes(b"x" * (16 * 2**20))  # no newline: one 16 MiB line
+    started = time.monotonic()
+    audit.checkpoint(SimpleNamespace(pk=1, slug="acme"), 1, "1" * 64)
+    assert time.monotonic() - started < 1  # (it took seconds, quadratic in the line's length)
+    assert audit.checkpoints().found[1][0].count == 1

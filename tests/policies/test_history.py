@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection, transaction
 from controlplane.models import AuditEvent
 from policies_app import integrity, services
 from policies_app.document import parse_yaml
-from policies_app.models import FloorVersion, PolicyException, PolicyPublication, PolicyVersion
+from policies_app.models import FloorVersion, Policy, PolicyException, PolicyPublication, PolicyVersion
 from tests.append_only import append_only_enforced
 
 V1 = """commands:
@@ -345,8 +345,11 @@ def test_a_floor_version_inserted_is_found_and_a_new_tenant_records_the_floor_in
     assert integrity.floor_problems() == []
     document = parse_yaml("limits: {cpus: 16}\ncommands:\n  - {id: sh, bin: sh}\n")
     FloorVersion.objects.create(number=2, document=document.canonical(), source="", sha256=document.sha256(), note="")
-    assert integrity.floor_problems() == [
-        "platform floor v2: no tenant's audit chain records it (it was inserted in the database)"]
+    [problem] = integrity.floor_problems()
+    assert problem.startswith("platform floor v2: no tenant's audit chain records it (it was inserted in the database")
+    tenant_create(slug="newer", name="Newer")  # a new tenant does not vouch for it
+    assert not AuditEvent.objects.filter(tenant__slug="newer", action="platform.floor_in_force").exists()
+    assert integrity.floor_problems() == [problem]
 
 
 def test_floor_versions_set_before_any_tenant_are_not_reported(db):
@@ -377,3 +380,90 @@ def test_a_row_no_honest_write_makes_is_reported_not_a_crash(history, acme):
     assert problems[0] == ("policy default v1: its document does not match its own sha256 (it was changed in the "
                            "database)")
     assert problems[-1].startswith("publications: audit event #999 records policy.published of policy None")
+
+
+def test_a_policys_tenant_and_name_never_change_and_it_is_never_deleted(history, globex, alice):
+    table = Policy._meta.db_table
+    with append_only_enforced():
+        for sql, params in [(f"UPDATE {table} SET tenant_id = %s WHERE id = %s", [globex.pk, history.pk]),  # noqa: S608
+                            (f"UPDATE {table} SET name = 'renamed' WHERE id = %s", [history.pk]),  # noqa: S608
+                            (f"DELETE FROM {table} WHERE id = %s", [history.pk])]:  # noqa: S608
+            try:
+                with transaction.atomic():
+                    run(sql, params)
+            except DatabaseError as exc:
+                assert "never" in str(exc), exc
+            else:
+                pytest.fail(f"went through: {sql}")
+        services.policy_set_shadow(policy=history, version=history.versions.get(number=2), actor=alice)  # still can
+    history.refresh_from_db()
+    assert (history.tenant_id, history.name, history.shadow_version.number) == (history.tenant_id, "default", 2)
+
+
+def test_a_legacy_versions_source_that_names_another_runtime_is_found(acme, alice):
+    """Versions saved before their source's digest was recorded: the runtime the source names
+    (which picks the sessions' driver) must still be the document's."""
+    from controlplane.audit import audit_record
+
+    policy = services.policy_create(tenant=acme, name="legacy", actor=alice)
+    source = V1 + "runtime: {isolation: gvisor}\n"
+    document = parse_yaml(source)
+    version = PolicyVersion.objects.create(policy=policy, number=1, document=document.canonical(), source=source,
+                                           sha256=document.sha256())
+    audit_record(tenant=acme, actor=alice, action="policy.version_created", target=version,
+                 data={"policy": "legacy", "number": 1, "sha256": version.sha256})  # as events were written then
+    assert integrity.tenant_problems(acme) == []
+    forge(version, V1 + "runtime: {driver: bubblewrap}\n", document=version.document, sha256=version.sha256)
+    assert integrity.tenant_problems(acme) == [
+        "policy legacy v1: the runtime its source names is not its document's (the source was changed in the "
+        "database)"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_floor_under_a_recorded_number_is_found(acme):
+    """(PostgreSQL: its number's uniqueness dropped first.) The floor in force is read as
+    floor.current() reads it."""
+    if connection.vendor != "postgresql":
+        pytest.skip("drops a constraint by name")
+    from policies_app import floor
+
+    services.floor_set(source=FLOOR, actor=None, note="first", accept_breaking=True)
+    table = FloorVersion._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'u'", [table])
+        for (name,) in cursor.fetchall():
+            cursor.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"')
+    document = parse_yaml("limits: {cpus: 16}\ncommands:\n  - {id: sh, bin: sh}\n")
+    forged = FloorVersion.objects.create(number=1, document=document.canonical(), source="", sha256=document.sha256(),
+                                         note="")
+    assert floor.current() == forged
+    problems = integrity.floor_problems()
+    assert "platform floor v1: 2 floor versions have this number (one was inserted in the database)" in problems
+    assert any(problem.startswith("platform floor v1: no tenant's audit chain records it") for problem in problems)
+
+
+def test_a_sessions_pinned_version_tenant_and_driver_never_change(history, globex, alice):
+    """Plain DML gave a live session another tenant's (or a wider) version to decide its commands."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sessions.models import Session, SessionState
+
+    v1, v2 = history.versions.get(number=1), history.versions.get(number=2)
+    session = Session.objects.create(tenant=history.tenant, policy_version=v1, driver="bubblewrap",
+                                     state=SessionState.READY, token_hash="x" * 64, created_by="user:alice",
+                                     expires_at=timezone.now() + timedelta(hours=1))
+    table = Session._meta.db_table
+    for column, value in (("policy_version_id", v2.pk), ("tenant_id", globex.pk), ("driver", "docker")):
+        try:
+            with transaction.atomic():
+                run(f"UPDATE {table} SET {column} = %s WHERE id = %s", [value, session.pk.hex])  # noqa: S608
+        except DatabaseError as exc:
+            assert "never change" in str(exc), exc
+        else:
+            pytest.fail(f"{column} changed")
+    session.state = SessionState.ENDED
+    session.save()  # what does change still does (every column written, those three unchanged)
+    session.refresh_from_db()
+    assert (session.policy_version_id, session.state) == (v1.pk, SessionState.ENDED)

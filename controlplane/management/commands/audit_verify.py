@@ -21,11 +21,11 @@ class Command(BaseCommand):
             if not tenants.exists():
                 raise CommandError(f"no tenant {tenant!r}")
         broken = 0
-        found, forged, cut = {}, [], []
+        found, forged, cut, restarted = {}, [], [], []
         events = AuditEvent.objects.filter(tenant__in=tenants).exists()
         try:
             file = checkpoints()
-            found, forged, cut = file.found, file.forged, file.cut
+            found, forged, cut, restarted = file.found, file.forged, file.cut, file.restarted
             if events and not (found or forged):
                 broken += 1
                 self.stdout.write(f"BROKEN  checkpoints: the checkpoint file {settings.AIRLOCK_AUDIT_CHECKPOINTS} is "
@@ -44,6 +44,11 @@ class Command(BaseCommand):
             self.stdout.write(f"BROKEN  checkpoints: line {number} of the checkpoint file is not signed by this "
                               "deployment's audit key: it was written or altered by someone else (or cut short "
                               "by a crash while it was written)")
+        for number, held in restarted:
+            broken += 1
+            self.stdout.write(f"BROKEN  checkpoints: line {number} begins the checkpoint file again, though the "
+                              f"database held {held} audit events it does not checkpoint: the file was deleted or "
+                              "emptied (or checkpoints could not be written: see the log)")
         for number in cut:
             broken += 1
             self.stdout.write(f"BROKEN  checkpoints: line {number} of the checkpoint file does not follow the line "
