@@ -4,7 +4,7 @@ database drops for Django's flush (tests/conftest.py) and tests of the refusals 
 import contextlib
 import importlib
 
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 
 APPEND_ONLY = ["controlplane.migrations.0003_audit_append_only", "controlplane.migrations.0007_audit_triggers_always",
                "policies_app.migrations.0015_history_append_only", "policies_app.migrations.0016_history_always",
@@ -35,3 +35,14 @@ def append_only_enforced():
         with connection.cursor() as cursor:
             for statement in append_only_statements(connection.vendor, drop=True):
                 cursor.execute(statement)
+
+
+def refused(sql: str, params: list, *, says: str = "append-only") -> bool:
+    """Whether the database refuses the statement, saying `says` (in a savepoint: a refused
+    statement aborts PostgreSQL's transaction)."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+    except DatabaseError as exc:
+        return says in str(exc)
+    return False

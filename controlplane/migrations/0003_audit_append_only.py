@@ -8,6 +8,8 @@ such a migration must create them again.)"""
 
 from django.db import migrations
 
+from controlplane import triggers
+
 TABLE = "controlplane_auditevent"
 REFUSAL = "audit events are append-only"
 
@@ -34,18 +36,7 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
     return {"sqlite": SQLITE, "postgresql": POSTGRES}.get(vendor, [])
 
 
-def create(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=False):
-        schema_editor.execute(statement)
-
-
-def drop(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=True):
-        schema_editor.execute(statement)
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP FUNCTION IF EXISTS airlock_audit_append_only()")
-
-
 class Migration(migrations.Migration):
     dependencies = [("controlplane", "0002_audit_keyed")]
-    operations = [migrations.RunPython(create, drop)]
+    operations = [triggers.operation(
+        statements, afterwards={"postgresql": ["DROP FUNCTION IF EXISTS airlock_audit_append_only()"]})]

@@ -4,6 +4,8 @@ granted that setting) skips ordinary triggers: 0003's refusals fire in every ses
 
 from django.db import migrations
 
+from controlplane import triggers
+
 TABLE = "controlplane_auditevent"
 TRIGGERS = ("auditevent_append_only", "auditevent_no_truncate")
 
@@ -14,17 +16,7 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
     return [f"ALTER TABLE {TABLE} ENABLE ALWAYS TRIGGER {trigger}" for trigger in TRIGGERS]
 
 
-def always(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=False):
-        schema_editor.execute(statement)
-
-
-def back(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        for trigger in TRIGGERS:
-            schema_editor.execute(f"ALTER TABLE {TABLE} ENABLE TRIGGER {trigger}")
-
-
 class Migration(migrations.Migration):
     dependencies = [("controlplane", "0006_audit_no_replace")]
-    operations = [migrations.RunPython(always, back)]
+    operations = [triggers.operation(
+        statements, afterwards={"postgresql": [f"ALTER TABLE {TABLE} ENABLE TRIGGER {name}" for name in TRIGGERS]})]

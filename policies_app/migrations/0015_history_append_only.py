@@ -11,6 +11,8 @@ a migration must create them again.)"""
 
 from django.db import migrations
 
+from controlplane import triggers
+
 REFUSAL = "policy history is append-only"
 # table: what is refused besides DELETE
 TABLES = {
@@ -50,18 +52,7 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
     return []
 
 
-def create(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=False):
-        schema_editor.execute(statement)
-
-
-def drop(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=True):
-        schema_editor.execute(statement)
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP FUNCTION IF EXISTS airlock_history_append_only()")
-
-
 class Migration(migrations.Migration):
     dependencies = [("policies_app", "0014_floor_no_replace")]
-    operations = [migrations.RunPython(create, drop)]
+    operations = [triggers.operation(
+        statements, afterwards={"postgresql": ["DROP FUNCTION IF EXISTS airlock_history_append_only()"]})]

@@ -9,6 +9,8 @@
 
 from django.db import migrations
 
+from controlplane import triggers
+
 PUBLICATIONS = "policies_app_policypublication"
 NO_REPLACE = "policypublication_no_replace"
 ALWAYS = {
@@ -33,20 +35,7 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
     return []
 
 
-def create(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=False):
-        schema_editor.execute(statement)
-
-
-def drop(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=True):
-        schema_editor.execute(statement)
-    if schema_editor.connection.vendor == "postgresql":
-        for table, triggers in ALWAYS.items():
-            for trigger in triggers:
-                schema_editor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}")
-
-
 class Migration(migrations.Migration):
     dependencies = [("policies_app", "0015_history_append_only")]
-    operations = [migrations.RunPython(create, drop)]
+    operations = [triggers.operation(statements, afterwards={"postgresql": [
+        f"ALTER TABLE {table} ENABLE TRIGGER {name}" for table, names in ALWAYS.items() for name in names]})]

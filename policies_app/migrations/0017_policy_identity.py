@@ -6,6 +6,8 @@ ALWAYS, like the history's (0016). See also sessions/0007."""
 
 from django.db import migrations
 
+from controlplane import triggers
+
 TABLE = "policies_app_policy"
 REFUSAL = "the tenant and name of a policy never change, and a policy is never deleted"
 
@@ -44,16 +46,7 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
     return []
 
 
-def create(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=False):
-        schema_editor.execute(statement)
-
-
-def drop(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=True):
-        schema_editor.execute(statement)
-
-
 class Migration(migrations.Migration):
     dependencies = [("policies_app", "0016_history_always")]
-    operations = [migrations.RunPython(create, drop)]
+    operations = [triggers.operation(
+        statements, afterwards={"postgresql": ["DROP FUNCTION IF EXISTS airlock_policy_identity()"]})]

@@ -6,6 +6,8 @@ fires ALWAYS."""
 
 from django.db import migrations
 
+from controlplane import triggers
+
 TABLE = "agent_sessions_session"
 REFUSAL = "the tenant, policy version and driver of a session never change"
 COLUMNS = ("tenant_id", "policy_version_id", "driver")
@@ -36,16 +38,7 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
     return []
 
 
-def create(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=False):
-        schema_editor.execute(statement)
-
-
-def drop(apps, schema_editor):
-    for statement in statements(schema_editor.connection.vendor, drop=True):
-        schema_editor.execute(statement)
-
-
 class Migration(migrations.Migration):
     dependencies = [("agent_sessions", "0006_persistence"), ("policies_app", "0017_policy_identity")]
-    operations = [migrations.RunPython(create, drop)]
+    operations = [triggers.operation(
+        statements, afterwards={"postgresql": ["DROP FUNCTION IF EXISTS airlock_session_identity()"]})]

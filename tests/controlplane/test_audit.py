@@ -7,12 +7,12 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection, transaction
+from django.db import connection
 from django.urls import reverse
 
 from controlplane.audit import GENESIS, audit_record, audit_verify, canonical_json, chain_hash
 from controlplane.models import AuditEvent, Tenant
-from tests.append_only import append_only_enforced
+from tests.append_only import append_only_enforced, refused
 
 # Checkpoints are written once an event commits: these tests commit (audit_verify reports a
 # missing checkpoint file when events exist).
@@ -137,15 +137,6 @@ def test_a_bad_audit_filter_is_a_400_with_the_field_named(alice, client_for):
     response = client_for(alice).get(reverse("audit", args=["acme"]), {"since": "yesterday-ish"})
     assert response.status_code == 400
     assert b"since: Enter a valid date." in response.content
-
-
-def refused(sql: str, params: list) -> bool:
-    try:
-        with transaction.atomic():  # (a refused statement aborts PostgreSQL's transaction: a savepoint keeps ours)
-            tamper(sql, params)
-    except DatabaseError as exc:
-        return "append-only" in str(exc)
-    return False
 
 
 @pytest.mark.parametrize("statement", [

@@ -13,7 +13,7 @@ from controlplane.models import AuditEvent
 from policies_app import integrity, services
 from policies_app.document import parse_yaml
 from policies_app.models import FloorVersion, Policy, PolicyException, PolicyPublication, PolicyVersion
-from tests.append_only import append_only_enforced
+from tests.append_only import append_only_enforced, refused
 
 V1 = """commands:
   - {id: pytest, bin: pytest, deny_args: ["^-c"]}
@@ -40,15 +40,6 @@ def history(acme, alice):
 def run(sql: str, params: list) -> None:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-
-
-def refused(sql: str, params: list) -> bool:
-    try:
-        with transaction.atomic():  # (a refused statement aborts PostgreSQL's transaction: a savepoint keeps ours)
-            run(sql, params)
-    except DatabaseError as exc:
-        return "append-only" in str(exc)
-    return False
 
 
 @pytest.mark.parametrize(("model", "statement"), [
