@@ -8,8 +8,8 @@ from controlplane.models import AuditEvent, Tenant
 
 class Command(BaseCommand):
     help = ("Verify every tenant's audit chain (its keyed hashes, and every head checkpointed outside the "
-            "database) and what the apps record beside it (policy versions and publications against the "
-            "chain); report each problem and what caused it, and exit non-zero.")
+            "database) and what the apps record beside it (policy versions, publications, exceptions and the "
+            "platform floor against the chain); report each problem and what caused it, and exit non-zero.")
 
     def add_arguments(self, parser):
         parser.add_argument("--tenant", help="verify only this tenant (slug)")
