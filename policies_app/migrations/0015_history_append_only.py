@@ -32,11 +32,11 @@ def _postgres(table: str) -> tuple[str, str]:
 
 def statements(vendor: str, *, drop: bool) -> list[str]:
     if vendor == "sqlite":
-        triggers = [(table, op) for table, more in TABLES.items() for op in ("DELETE", *more)]
+        refused = [(table, op) for table, more in TABLES.items() for op in ("DELETE", *more)]
         if drop:
-            return [f"DROP TRIGGER IF EXISTS {_sqlite(table, op)}" for table, op in triggers]
+            return [f"DROP TRIGGER IF EXISTS {_sqlite(table, op)}" for table, op in refused]
         return [f"CREATE TRIGGER {_sqlite(table, op)} BEFORE {op} ON {table} "
-                f"BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END" for table, op in triggers]
+                f"BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END" for table, op in refused]
     if vendor == "postgresql":
         if drop:
             return [f"DROP TRIGGER IF EXISTS {name} ON {table}" for table in TABLES for name in _postgres(table)]

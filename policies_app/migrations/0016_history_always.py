@@ -30,8 +30,7 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
                 f"WHEN EXISTS (SELECT 1 FROM {PUBLICATIONS} WHERE id = NEW.id) "
                 "BEGIN SELECT RAISE(ABORT, 'policy history is append-only'); END"]
     if vendor == "postgresql" and not drop:
-        return [f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {trigger}"
-                for table, triggers in ALWAYS.items() for trigger in triggers]
+        return [f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {name}" for table, names in ALWAYS.items() for name in names]
     return []
 
 
