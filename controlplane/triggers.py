@@ -25,3 +25,22 @@ def operation(statements: Statements, *, afterwards: dict[str, Sequence[str]] | 
             schema_editor.execute(statement)
 
     return migrations.RunPython(create, drop)
+
+
+def no_replace(table: str, trigger: str, clash: str, refusal: str) -> str:
+    """A SQLite trigger refusing an insert that meets an existing row (`clash`, a condition on
+    the table's columns and NEW's): SQLite's `INSERT OR REPLACE` deletes the row it meets without
+    firing DELETE or UPDATE triggers. (PostgreSQL's upsert is an UPDATE, refused by those.)"""
+    return (f"CREATE TRIGGER {trigger} BEFORE INSERT ON {table} WHEN EXISTS (SELECT 1 FROM {table} WHERE {clash}) "  # noqa: S608 - DDL from constants
+            f"BEGIN SELECT RAISE(ABORT, '{refusal}'); END")
+
+
+def sqlite_only(*created: str, dropped: Sequence[str]) -> Statements:
+    """`statements` for triggers that only SQLite needs: `created`, and `dropped` by name."""
+
+    def statements(vendor: str, *, drop: bool) -> list[str]:
+        if vendor != "sqlite":
+            return []
+        return [f"DROP TRIGGER IF EXISTS {name}" for name in dropped] if drop else list(created)
+
+    return statements

@@ -6,23 +6,16 @@ tenant's sequence number. PostgreSQL's upsert fires the UPDATE trigger, which re
 
 from django.db import migrations
 
+from controlplane import triggers
+
 TABLE = "controlplane_auditevent"
 TRIGGER = "auditevent_no_replace"
-CREATE = (f"CREATE TRIGGER {TRIGGER} BEFORE INSERT ON {TABLE} "
-          f"WHEN EXISTS (SELECT 1 FROM {TABLE} WHERE id = NEW.id OR (tenant_id = NEW.tenant_id AND seq = NEW.seq)) "
-          "BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END")
-
-
-def create(apps, schema_editor):
-    if schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(CREATE)
-
-
-def drop(apps, schema_editor):
-    if schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {TRIGGER}")
+statements = triggers.sqlite_only(
+    triggers.no_replace(TABLE, TRIGGER, "id = NEW.id OR (tenant_id = NEW.tenant_id AND seq = NEW.seq)",
+                        "audit events are append-only"),
+    dropped=[TRIGGER])
 
 
 class Migration(migrations.Migration):
     dependencies = [("controlplane", "0005_data_keys")]
-    operations = [migrations.RunPython(create, drop)]
+    operations = [triggers.operation(statements)]

@@ -5,23 +5,16 @@ controlplane/migrations/0006_audit_no_replace.py). PostgreSQL's upsert fires the
 
 from django.db import migrations
 
+from controlplane import triggers
+
 TABLE = "policies_app_policyversion"
 TRIGGER = "policyversion_no_replace"
-CREATE = (f"CREATE TRIGGER {TRIGGER} BEFORE INSERT ON {TABLE} "
-          f"WHEN EXISTS (SELECT 1 FROM {TABLE} WHERE id = NEW.id OR (policy_id = NEW.policy_id AND number = NEW.number)) "
-          "BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END")
-
-
-def create(apps, schema_editor):
-    if schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(CREATE)
-
-
-def drop(apps, schema_editor):
-    if schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {TRIGGER}")
+statements = triggers.sqlite_only(
+    triggers.no_replace(TABLE, TRIGGER, "id = NEW.id OR (policy_id = NEW.policy_id AND number = NEW.number)",
+                        "policy versions are immutable"),
+    dropped=[TRIGGER])
 
 
 class Migration(migrations.Migration):
     dependencies = [("policies_app", "0012_containment_scores")]
-    operations = [migrations.RunPython(create, drop)]
+    operations = [triggers.operation(statements)]

@@ -3,23 +3,15 @@ the version it meets without firing 0011's UPDATE trigger, and could rewrite a f
 
 from django.db import migrations
 
+from controlplane import triggers
+
 TABLE = "policies_app_floorversion"
 TRIGGER = "floorversion_no_replace"
-CREATE = (f"CREATE TRIGGER {TRIGGER} BEFORE INSERT ON {TABLE} "
-          f"WHEN EXISTS (SELECT 1 FROM {TABLE} WHERE id = NEW.id OR number = NEW.number) "
-          "BEGIN SELECT RAISE(ABORT, 'floor versions are immutable'); END")
-
-
-def create(apps, schema_editor):
-    if schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(CREATE)
-
-
-def drop(apps, schema_editor):
-    if schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {TRIGGER}")
+statements = triggers.sqlite_only(
+    triggers.no_replace(TABLE, TRIGGER, "id = NEW.id OR number = NEW.number", "floor versions are immutable"),
+    dropped=[TRIGGER])
 
 
 class Migration(migrations.Migration):
     dependencies = [("policies_app", "0013_versions_no_replace")]
-    operations = [migrations.RunPython(create, drop)]
+    operations = [triggers.operation(statements)]

@@ -26,9 +26,7 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
     if vendor == "sqlite":
         if drop:
             return [f"DROP TRIGGER IF EXISTS {NO_REPLACE}"]
-        return [f"CREATE TRIGGER {NO_REPLACE} BEFORE INSERT ON {PUBLICATIONS} "
-                f"WHEN EXISTS (SELECT 1 FROM {PUBLICATIONS} WHERE id = NEW.id) "
-                "BEGIN SELECT RAISE(ABORT, 'policy history is append-only'); END"]
+        return [triggers.no_replace(PUBLICATIONS, NO_REPLACE, "id = NEW.id", "policy history is append-only")]
     if vendor == "postgresql" and not drop:
         return [f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {name}" for table, names in ALWAYS.items() for name in names]
     return []

@@ -22,9 +22,8 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
             "WHEN NEW.tenant_id IS NOT OLD.tenant_id OR NEW.name IS NOT OLD.name "
             f"BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END",
             f"CREATE TRIGGER policy_no_delete BEFORE DELETE ON {TABLE} BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END",
-            f"CREATE TRIGGER policy_no_replace BEFORE INSERT ON {TABLE} "
-            f"WHEN EXISTS (SELECT 1 FROM {TABLE} WHERE id = NEW.id OR (tenant_id = NEW.tenant_id AND name = NEW.name)) "
-            f"BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END",
+            triggers.no_replace(TABLE, "policy_no_replace",
+                                "id = NEW.id OR (tenant_id = NEW.tenant_id AND name = NEW.name)", REFUSAL),
         ]
     if vendor == "postgresql":
         if drop:

@@ -21,8 +21,7 @@ def statements(vendor: str, *, drop: bool) -> list[str]:
         return [
             f"CREATE TRIGGER session_identity BEFORE UPDATE OF {', '.join(COLUMNS)} ON {TABLE} WHEN {changed} "
             f"BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END",
-            f"CREATE TRIGGER session_no_replace BEFORE INSERT ON {TABLE} "
-            f"WHEN EXISTS (SELECT 1 FROM {TABLE} WHERE id = NEW.id) BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END",
+            triggers.no_replace(TABLE, "session_no_replace", "id = NEW.id", REFUSAL),
         ]
     if vendor == "postgresql":
         if drop:
