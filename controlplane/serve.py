@@ -18,6 +18,8 @@ What the server must do, and where it is done (no library's internals are touche
   request's headers are due whole within AIRLOCK_CLIENT_TIMEOUT_S and its body at a minimum
   rate, a client address holds at most AIRLOCK_MAX_CONNECTIONS_PER_CLIENT connections, and its
   WebSockets may send a small allowance a second (a stream's client sends a token and pongs).
+- One CPU for every thread of the process, every CPU for its sandboxes (`controlplane/cpus.py`):
+  its threads take turns on one interpreter lock, and on one CPU they do so without waking another.
 - No `Server` header, and proxy headers are left to Django (SECURE_PROXY_SSL_HEADER, set only
   behind a TLS proxy): uvicorn would otherwise believe X-Forwarded-* from loopback."""
 
@@ -32,7 +34,7 @@ import uvicorn
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane import connections
+from controlplane import connections, cpus
 from controlplane.redaction import configured_secrets, redact
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -87,6 +89,7 @@ def main(argv: list[str]) -> None:
     try:  # settings are read here, not set up: the application sets Django up
         connections.configure(timeout_s=settings.AIRLOCK_CLIENT_TIMEOUT_S,
                               per_client=settings.AIRLOCK_MAX_CONNECTIONS_PER_CLIENT)
+        cpus.pin(settings.AIRLOCK_SERVER_CPU)  # before any thread: each one it starts inherits the CPU
     except ImproperlyConfigured as exc:
         sys.exit(f"airlock: configuration error: {exc}")
     config = uvicorn.Config(

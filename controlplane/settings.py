@@ -273,6 +273,11 @@ AIRLOCK_AUDIT_CHECKPOINTS = Path(env_str("AIRLOCK_AUDIT_CHECKPOINTS") or DATA_DI
 AIRLOCK_API_THREADS = env_int("AIRLOCK_API_THREADS", 64, minimum=2)
 AIRLOCK_API_WAITING_PER_TENANT = env_int("AIRLOCK_API_WAITING_PER_TENANT", max(1, AIRLOCK_API_THREADS // 4),
                                          minimum=1)
+# The CPU a server's threads (and a separate runner's) keep to, `auto`, `off` or a CPU's number;
+# the sandboxes they start get every CPU (controlplane/cpus.py).
+AIRLOCK_SERVER_CPU = env_str("AIRLOCK_SERVER_CPU", "auto").strip().lower()
+if AIRLOCK_SERVER_CPU not in {"auto", "off"} and not (AIRLOCK_SERVER_CPU.isascii() and AIRLOCK_SERVER_CPU.isdigit()):
+    raise ImproperlyConfigured(f"AIRLOCK_SERVER_CPU={AIRLOCK_SERVER_CPU!r}: expected auto, off or a CPU's number")
 # Snapshots and artifacts one tenant may have read and checked whole at once (sessions/admission.py).
 AIRLOCK_BLOB_READS_PER_TENANT = env_int("AIRLOCK_BLOB_READS_PER_TENANT", 1, minimum=1)
 # A session ends as `expired` at its policy's session_ttl_s, or after this long without a command.

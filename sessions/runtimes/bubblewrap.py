@@ -34,6 +34,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from controlplane import cpus
 from sessions.runtimes import deadlines, enter, rootfs, seccomp
 from sessions.runtimes.base import (
     EGRESS_MOUNT,
@@ -342,12 +343,13 @@ class BubblewrapDriver(Driver):
             try:
                 if sandbox.id in self._running:
                     raise SandboxError("a command is already running in this sandbox")
-                process = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE if fed else stdin,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    env={}, pass_fds=(info_write, block_read, filter_read, blank_read, args_fd), start_new_session=True,
-                    **self._identity(),
-                )
+                with cpus.spawning():  # the command may use every CPU, not the server's one
+                    process = subprocess.Popen(
+                        command, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE if fed else stdin,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
+                        pass_fds=(info_write, block_read, filter_read, blank_read, args_fd), start_new_session=True,
+                        **self._identity(),
+                    )
             except BaseException as exc:
                 os.close(info_read)
                 os.close(block_write)

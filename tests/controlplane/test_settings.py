@@ -89,6 +89,9 @@ def refused(env: dict, explanation: str, name: str):
         refused({"AIRLOCK_CLIENT_TIMEOUT_S": "soon"}, "AIRLOCK_CLIENT_TIMEOUT_S='soon' is not a number",
                 "client-timeout"),
         refused({"AIRLOCK_MAX_CONNECTIONS_PER_CLIENT": "-1"}, "AIRLOCK_MAX_CONNECTIONS_PER_CLIENT", "connections"),
+        refused({"AIRLOCK_SERVER_CPU": "first"}, "AIRLOCK_SERVER_CPU='first': expected auto, off or a CPU's number",
+                "server-cpu"),
+        refused({"AIRLOCK_SERVER_CPU": "-1"}, "AIRLOCK_SERVER_CPU='-1'", "server-cpu-negative"),
     ],
 )
 def test_a_bad_environment_stops_manage_py_with_one_line(env, explanation):
@@ -113,6 +116,16 @@ def test_a_bad_environment_stops_the_server_with_one_line():
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         "airlock: configuration error: AIRLOCK_CLIENT_TIMEOUT_S=0.0 is below its minimum of 0.1"], result.stderr
+
+
+def test_a_cpu_the_server_may_not_run_on_stops_it_with_one_line():
+    result = start({"SECRET_KEY": GOOD_KEY, "AIRLOCK_SERVER_CPU": "4095"}, "-m", "controlplane.serve", "-p", "1",
+                   "controlplane.asgi:application")
+    assert result.returncode != 0
+    allowed = ", ".join(map(str, sorted(os.sched_getaffinity(0))))
+    assert result.stderr.strip().splitlines() == [
+        f"airlock: configuration error: AIRLOCK_SERVER_CPU=4095: this process may run on CPUs {allowed} only"], \
+        result.stderr
 
 
 def test_a_good_environment_starts(tmp_path):

@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.2"  # loopback, but not the default 127.0.0.1: AIRLOCK_HOST is seen to matter
 TABLE = {"DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "DATABASE_URL", "REDIS_URL", "DOCKER_HOST"}
 SECRETS = ("swordfish-0451", "tuna-salad-9981")
+SERVER_CPU = max(os.sched_getaffinity(0))  # not `auto`'s choice by pid: the test knows which one it asked for
 GLOBEX = """
 from controlplane import services
 from controlplane.management.commands.demo_setup import DEMO_POLICY
@@ -86,6 +87,7 @@ class Deployment:
     key: str  # the demo tenant's API key
     globex_key: str
     password: str
+    pid: int  # the server's
 
     @property
     def url(self) -> str:
@@ -191,6 +193,7 @@ def deployment():
         "AIRLOCK_MAX_FILE_BYTES": "2048", "AIRLOCK_MAX_REQUEST_BYTES": "65536", "AIRLOCK_API_THREADS": "2",
         "AIRLOCK_API_WAITING_PER_TENANT": "2",  # one tenant may take both threads: the test below needs it
         "AIRLOCK_WORKSPACE_REPOS": f" demo:app={app} , docs={docs} ", "AIRLOCK_REDACT_VALUES": " , ".join(SECRETS),
+        "AIRLOCK_SERVER_CPU": str(SERVER_CPU),
     }
     log = base / "server.log"
     server = None
@@ -205,7 +208,7 @@ def deployment():
         _wait_until_listening(port, server, log)
         yield Deployment(port=port, base=base, data=data, database=database, log=log, printed=printed,
                          key=re.search(r"alk_\S+", printed).group(0), globex_key=globex_key,
-                         password=re.search(r"password: (\S+)", printed).group(1))
+                         password=re.search(r"password: (\S+)", printed).group(1), pid=server.pid)
     finally:
         if server is not None:
             stop_server(server)
@@ -418,6 +421,26 @@ def test_airlock_redact_values_never_reach_command_output_or_the_access_log(depl
     deployment.get(session, SECRETS[1])  # a secret in a request's path
     wait_until(lambda: "/files/[redacted]" in deployment.log.read_text(), what="the access-log line")
     assert not any(secret in deployment.log.read_text() for secret in SECRETS)
+
+
+def _allowed_cpus(status_file: str) -> str:
+    with open(status_file) as status:
+        return re.search(r"^Cpus_allowed_list:\s*(\S+)", status.read(), re.MULTILINE).group(1)
+
+
+def test_airlock_server_cpu_keeps_the_servers_threads_on_it_and_gives_sandboxes_every_cpu(deployment, sandboxes):
+    every = _allowed_cpus("/proc/self/status")  # this test's process is kept to no CPU: the server started with these
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("this machine gives the tests one CPU: the server and its sandboxes share it")
+    session = deployment.open()
+    assert deployment.put(session, "cpus.py", b"print(open('/proc/self/status').read().split("
+                                              b"'Cpus_allowed_list:')[1].split()[0])\n")[0] == 204
+    status, command = deployment.run(session, "python3", "cpus.py")
+    assert status == 200 and command["output"].strip() == every, command
+    # Every thread of the server, those it started for these calls included, is on the one CPU.
+    threads = [_allowed_cpus(f"/proc/{deployment.pid}/task/{tid}/status")
+               for tid in os.listdir(f"/proc/{deployment.pid}/task")]
+    assert len(threads) > 5 and set(threads) == {str(SERVER_CPU)}, threads
 
 
 # -- the runner, in-process --------------------------------------------------------------------

@@ -2,7 +2,10 @@ import asyncio
 import signal
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
+
+from controlplane import cpus
 
 
 class Command(BaseCommand):
@@ -14,6 +17,10 @@ class Command(BaseCommand):
         if not settings.REDIS_URL:
             raise CommandError("a separate runner needs REDIS_URL (the server reaches runners through Redis); "
                                "without it the server runs its own runner")
+        try:
+            cpus.pin(settings.AIRLOCK_SERVER_CPU)  # before any thread: each one it starts inherits the CPU
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
         asyncio.run(self._run())
 
     async def _run(self) -> None:
