@@ -118,7 +118,7 @@ def load_spawner():
         return None
     strings = ctypes.POINTER(ctypes.c_char_p)
     spawn.argtypes = [strings, strings, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
-                      ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+                      ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
     spawn.restype = ctypes.c_int
     return ctypes, spawn
 
@@ -294,10 +294,13 @@ class Supervisor:
         path, cwd = os.fsencode(request["env"].get("PATH", os.defpath)), os.fsencode(request["cwd"])
         if any(b"\0" in item for item in (*argv, *envp, path, cwd)):
             raise OSError(errno.EINVAL, "an argument, the environment or the cwd holds a NUL byte")
+        # The signals this process handles or ignores, for the child to set to their default:
+        # Python knows each one's disposition (read from the kernel when it started, kept since).
+        reset = [signum for signum in signal.valid_signals() if signal.getsignal(signum) is not signal.SIG_DFL]
         error = ctypes.c_int(0)
         pid = spawn((ctypes.c_char_p * (len(argv) + 1))(*argv, None),
                     (ctypes.c_char_p * (len(envp) + 1))(*envp, None), path, cwd, in_r, out_w, err_w,
-                    ctypes.byref(error))
+                    (ctypes.c_int * (len(reset) + 1))(*reset, 0), ctypes.byref(error))
         if pid < 0:
             raise OSError(error.value, os.strerror(error.value))
         return pid
