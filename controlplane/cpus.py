@@ -15,14 +15,18 @@ What it starts for a sandbox must not inherit that one CPU: around a start, `spa
 the calling thread the process's CPUs back (a child created by vfork takes its thread's), and
 takes them away again after.
 
-AIRLOCK_SERVER_CPU: `auto` (the default: one of the CPUs the process may use, chosen by its pid, so
-that several processes on a host spread; none when it may use only one), `off`, or a CPU's number."""
+AIRLOCK_SERVER_CPU: `auto` (the default: one of the CPUs the process may use, chosen by its pid;
+nothing when it may use only one), `off`, or a CPU's number. Processes on one host spread only as
+their pids do (in containers each may be pid 1): give each its own number, or `off`."""
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
 from django.core.exceptions import ImproperlyConfigured
+
+log = logging.getLogger(__name__)
 
 _every: frozenset[int] | None = None  # the process's CPUs before pin(); None while it is not pinned
 _one: frozenset[int] = frozenset()
@@ -47,15 +51,23 @@ def pin(setting: str) -> int | None:
         if cpu not in every:
             raise ImproperlyConfigured(f"AIRLOCK_SERVER_CPU={setting}: this process may run on CPUs "
                                        f"{', '.join(map(str, sorted(every)))} only")
-    _every, _one = every, frozenset({cpu})
+    one = frozenset({cpu})
     # Every thread there is (a thread inherits its creator's CPUs, so one started meanwhile by a
     # thread not yet moved is found by the next pass).
     moved: set[int] = set()
-    while pending := {int(tid) for tid in os.listdir("/proc/self/task")} - moved:
-        for tid in pending:
-            with contextlib.suppress(ProcessLookupError):  # it ended
-                os.sched_setaffinity(tid, _one)
-        moved |= pending
+    try:
+        while pending := {int(tid) for tid in os.listdir("/proc/self/task")} - moved:
+            for tid in pending:
+                with contextlib.suppress(ProcessLookupError):  # it ended
+                    os.sched_setaffinity(tid, one)
+            moved |= pending
+    except OSError as exc:  # no /proc, or a CPU taken away meanwhile: the process runs as it was
+        for tid in moved:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, every)
+        log.warning("the server's threads could not be kept to CPU %d (%s); they run on every CPU", cpu, exc)
+        return None
+    _every, _one = every, one
     return cpu
 
 
@@ -65,8 +77,11 @@ def spawning() -> Iterator[None]:
     if _every is None:
         yield
         return
-    with contextlib.suppress(OSError):  # those CPUs are gone (out of the process's cpuset): it starts on the one
+    try:
         os.sched_setaffinity(0, _every)
+    except OSError as exc:  # those CPUs are gone (out of the process's cpuset): it starts on the server's one
+        log.warning("a sandbox starts on the server's CPU only: its CPUs %s could not be given back (%s)",
+                    sorted(_every), exc)
     try:
         yield
     finally:

@@ -87,6 +87,23 @@ class Cluster:
         return session["id"] in driver.list_sandboxes()
 
 
+def _allowed_cpus(status_file: str) -> str:
+    with open(status_file) as status:
+        return re.search(r"^Cpus_allowed_list:\s*(\S+)", status.read(), re.MULTILINE).group(1)
+
+
+def threads_cpus(pid: int) -> list[str]:
+    """The CPUs each thread of the process may run on (a thread that ended meanwhile is skipped)."""
+    found = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):
+            found.append(_allowed_cpus(f"/proc/{pid}/task/{tid}/status"))
+    return found
+
+
+CPUS_PY = b"print(open('/proc/self/status').read().split('Cpus_allowed_list:')[1].split()[0])\n"
+
+
 def _manage(env: dict, *args: str) -> str:
     done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120, check=False)
@@ -243,3 +260,19 @@ def test_the_access_log_never_holds_a_secret(cluster):
     wait_until(lambda: "/files/[redacted]" in log.read_text() and "held a secret" in log.read_text(),
                what="the access-log lines")
     assert secret[1:] not in log.read_text()
+
+
+def test_a_runner_process_keeps_its_threads_to_one_cpu_and_gives_its_sandboxes_every_cpu(cluster):
+    every = sorted(os.sched_getaffinity(0))
+    if len(every) < 2:
+        pytest.skip("this machine gives the tests one CPU: a runner and its sandboxes share it")
+    status, session = cluster.call("POST", "/api/v1/sessions", {"conversation_id": "cpus"})
+    assert status == 201, session
+    path = f"/api/v1/sessions/{session['id']}"
+    assert cluster.call("PUT", f"{path}/files/cpus.py", raw=CPUS_PY, token=session["token"])[0] == 204
+    status, command = cluster.call("POST", f"{path}/commands", {"bin": "python3", "args": ["cpus.py"], "wait": True},
+                                   token=session["token"])
+    assert status == 200 and command["output"].strip() == _allowed_cpus("/proc/self/status"), command
+    _, owner_pid = cluster.owner(session)
+    assert set(threads_cpus(owner_pid)) == {str(every[owner_pid % len(every)])}  # AIRLOCK_SERVER_CPU=auto
+    cluster.call("DELETE", path, token=session["token"])

@@ -38,7 +38,7 @@ from sessions.runtimes.base import Limits, SandboxSpec
 from tests.http import call_api
 from tests.live import _free_port, stop_server
 from tests.sessions.conftest import Agent, running_runner
-from tests.sessions.test_cluster import _manage, wait_until
+from tests.sessions.test_cluster import CPUS_PY, _allowed_cpus, _manage, threads_cpus, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.2"  # loopback, but not the default 127.0.0.1: AIRLOCK_HOST is seen to matter
@@ -423,23 +423,16 @@ def test_airlock_redact_values_never_reach_command_output_or_the_access_log(depl
     assert not any(secret in deployment.log.read_text() for secret in SECRETS)
 
 
-def _allowed_cpus(status_file: str) -> str:
-    with open(status_file) as status:
-        return re.search(r"^Cpus_allowed_list:\s*(\S+)", status.read(), re.MULTILINE).group(1)
-
-
 def test_airlock_server_cpu_keeps_the_servers_threads_on_it_and_gives_sandboxes_every_cpu(deployment, sandboxes):
     every = _allowed_cpus("/proc/self/status")  # this test's process is kept to no CPU: the server started with these
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("this machine gives the tests one CPU: the server and its sandboxes share it")
     session = deployment.open()
-    assert deployment.put(session, "cpus.py", b"print(open('/proc/self/status').read().split("
-                                              b"'Cpus_allowed_list:')[1].split()[0])\n")[0] == 204
+    assert deployment.put(session, "cpus.py", CPUS_PY)[0] == 204
     status, command = deployment.run(session, "python3", "cpus.py")
     assert status == 200 and command["output"].strip() == every, command
     # Every thread of the server, those it started for these calls included, is on the one CPU.
-    threads = [_allowed_cpus(f"/proc/{deployment.pid}/task/{tid}/status")
-               for tid in os.listdir(f"/proc/{deployment.pid}/task")]
+    threads = threads_cpus(deployment.pid)
     assert len(threads) > 5 and set(threads) == {str(SERVER_CPU)}, threads
 
 
