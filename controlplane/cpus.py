@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 _every: frozenset[int] | None = None  # the process's CPUs before pin(); None while it is not pinned
 _one: frozenset[int] = frozenset()
+_unwidened = False  # a sandbox started on the one CPU (said once)
 
 
 def pin(setting: str) -> int | None:
@@ -77,11 +78,14 @@ def spawning() -> Iterator[None]:
     if _every is None:
         yield
         return
+    global _unwidened
     try:
         os.sched_setaffinity(0, _every)
     except OSError as exc:  # those CPUs are gone (out of the process's cpuset): it starts on the server's one
-        log.warning("a sandbox starts on the server's CPU only: its CPUs %s could not be given back (%s)",
-                    sorted(_every), exc)
+        if not _unwidened:  # once: it would say so for every command
+            log.warning("sandboxes start on the server's CPU only: its CPUs %s could not be given back (%s)",
+                        sorted(_every), exc)
+        _unwidened = True
     try:
         yield
     finally:
