@@ -111,7 +111,7 @@ RUNNER_CHANNEL_CAPACITY = {"airlock.runner.*": 10_000}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "controlplane.channel_layer.RedisChannelLayer",  # channels_redis's, mended (its docstring)
             # redis-py 8 reads with a 5 s socket timeout by default, exactly channels-redis's BRPOP
             # wait: an idle receive would then fail with TimeoutError. Reads wait longer than that.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15, "health_check_interval": 30}],

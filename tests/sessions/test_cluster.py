@@ -227,6 +227,25 @@ def test_a_subscriber_that_stops_reading_is_told_it_lagged_and_the_server_does_n
     assert received < 45_000_000
 
 
+def test_the_server_hears_its_runners_while_a_websocket_waits_and_after_one_leaves(cluster):
+    """The server's WebSocket consumers and its calls to runners receive through one channel
+    layer (controlplane/channel_layer.py): an idle subscriber kept channels_redis from reading
+    a runner's reply, and a session create waited out its 120 s."""
+    status, watched = cluster.call("POST", "/api/v1/sessions", {"conversation_id": "watched"})
+    assert status == 201, watched
+    url = cluster.url.replace("http", "ws") + f"/ws/sessions/{watched['id']}/"
+    with connect(url, subprotocols=["airlock.v1", f"airlock.token.{watched['token']}"]) as ws:
+        assert json.loads(ws.recv(timeout=20))["event"] == "session.state"  # joined; nothing more comes
+        for _ in range(3):
+            status, session = call_api(cluster.url, "POST", "/api/v1/sessions", bearer=cluster.key,
+                                       body={"conversation_id": "while-watched"}, timeout=20)
+            assert status == 201, session
+    for _ in range(3):  # and once it left (its consumer's receive was cancelled)
+        status, session = call_api(cluster.url, "POST", "/api/v1/sessions", bearer=cluster.key,
+                                   body={"conversation_id": "after-watched"}, timeout=20)
+        assert status == 201, session
+
+
 def test_a_request_body_past_the_limit_gets_413_before_it_is_read(cluster):
     host, port = cluster.url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=20)
