@@ -106,8 +106,13 @@ DATABASES = {
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = check_redis_url(env_str("REDIS_URL"))
-# Every request for a runner is a message on its channel (a bulk kill sends one per session).
-RUNNER_CHANNEL_CAPACITY = {"airlock.runner.*": 10_000}
+CHANNEL_CAPACITY = {
+    # Every request for a runner is a message on its channel (a bulk kill sends one per session).
+    "airlock.runner.*": 10_000,
+    # A reply to a runner call shares its process's one key with the live events of its
+    # WebSockets (controlplane/channel_layer.py): past their 100 a reply still gets in.
+    "specific.*!airlock.reply.*": 10_000,
+}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -116,7 +121,7 @@ if REDIS_URL:
             # wait: an idle receive would then fail with TimeoutError. Reads wait longer than that.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15, "health_check_interval": 30}],
                        "prefix": env_str("AIRLOCK_CHANNEL_PREFIX") or "airlock",
-                       "channel_capacity": RUNNER_CHANNEL_CAPACITY},
+                       "channel_capacity": CHANNEL_CAPACITY},
         }
     }
 else:
@@ -125,7 +130,7 @@ else:
                                   # (channels_redis does; cf. django/channels_redis#73).
                                   "CONFIG": {"channel_capacity": [(re.compile(fnmatch.translate(glob)), capacity)
                                                                   for glob, capacity in
-                                                                  RUNNER_CHANNEL_CAPACITY.items()]}}}
+                                                                  CHANNEL_CAPACITY.items()]}}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

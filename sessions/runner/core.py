@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
+from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
@@ -215,7 +216,11 @@ class RunnerService:
             log.info("runner %s: a reply to %s came after its caller stopped waiting; dropped",
                      self.id, message.get("type"))
             return
-        await self.layer.send(message["reply_to"], {"type": message.get("reply_type", "runner.reply"), **result})
+        try:
+            await self.layer.send(message["reply_to"], {"type": message.get("reply_type", "runner.reply"), **result})
+        except ChannelFull:  # its process has stopped taking messages (a reply has room: settings.CHANNEL_CAPACITY)
+            log.warning("runner %s: a reply to %s was dropped: its caller's process has a full channel",
+                        self.id, message.get("type"))
 
     async def handle(self, message: dict) -> dict:
         """Do what one message asks and return the reply: {ok: true, …} or {ok: false, error, detail}."""

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.conf import settings
 
 from controlplane.channel_layer import RedisChannelLayer
 
@@ -32,7 +33,7 @@ def prefix():
 def layer_for(prefix: str) -> RedisChannelLayer:
     """A process's layer (each instance has its own process-local channels), as settings.py makes it."""
     return RedisChannelLayer(hosts=[{"address": "redis://{}:{}/0".format(*REDIS), "socket_timeout": 15}],
-                             prefix=prefix)
+                             prefix=prefix, channel_capacity=settings.CHANNEL_CAPACITY)
 
 
 async def settled(baseline: int) -> int:
@@ -108,3 +109,60 @@ def test_a_cancelled_receive_ends_in_the_background_and_its_channel_is_over(pref
     left, message = asyncio.run(scenario())
     assert left == 0, f"{left} tasks of the cancelled receive still run"
     assert message == {"type": "runner.reply"}
+
+
+def test_a_reply_gets_through_while_the_process_has_a_full_backlog_of_live_events(prefix):
+    """Replies share the process's one key with its WebSockets' events: 100 events waiting
+    (the most a consumer's channel takes) must not refuse a runner's reply."""
+    async def scenario():
+        server, runner = layer_for(prefix), layer_for(prefix)
+        websocket, reply_to = await server.new_channel(), await server.new_channel("airlock.reply.")
+        for n in range(100):
+            await runner.send(websocket, {"type": "airlock.event", "n": n})
+        await runner.send(reply_to, {"type": "runner.reply", "ok": True})
+        return await asyncio.wait_for(server.receive(reply_to), 3)
+
+    assert asyncio.run(scenario()) == {"type": "runner.reply", "ok": True}
+
+
+def test_nothing_stays_buffered_for_a_channel_whose_receive_was_cancelled_after_it_took_a_message(prefix):
+    """A consumer whose client leaves just as its receive took one of its waiting events: the
+    rest must not stay in the process's memory for good."""
+    async def scenario():
+        server, runner = layer_for(prefix), layer_for(prefix)
+        baseline = len(asyncio.all_tasks())
+        websocket, other = await server.new_channel(), await server.new_channel()
+        holder = asyncio.ensure_future(server.receive(other))  # another WebSocket's: it pops for everyone
+        await asyncio.sleep(0.2)
+        for n in range(20):
+            await runner.send(websocket, {"type": "airlock.event", "n": n})
+        await asyncio.sleep(0.5)  # all buffered for `websocket`
+        leaving = asyncio.ensure_future(server.receive(websocket))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # it has taken one
+        leaving.cancel()
+        await asyncio.gather(leaving, return_exceptions=True)
+        await runner.send(other, {"type": "airlock.event"})
+        await holder
+        await settled(baseline)
+        return server.receive_buffer.get(websocket)
+
+    left = asyncio.run(scenario())
+    assert left is None or left.empty(), f"{left.qsize()} events stayed buffered for a channel nobody reads"
+
+
+def test_a_channel_takes_one_receive_at_a_time(prefix):
+    """A second receive could be handed the message that ends a cancelled one."""
+    async def scenario():
+        server = layer_for(prefix)
+        channel = await server.new_channel()
+        first = asyncio.ensure_future(server.receive(channel))
+        await asyncio.sleep(0.1)
+        try:
+            with pytest.raises(RuntimeError, match="already has a receive"):
+                await asyncio.wait_for(server.receive(channel), 1)
+        finally:
+            await layer_for(prefix).send(channel, {"type": "airlock.event"})
+            await asyncio.wait_for(first, 3)
+
+    asyncio.run(scenario())
