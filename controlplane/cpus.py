@@ -61,7 +61,7 @@ def pin(setting: str) -> int | None:
             for tid in pending:
                 with contextlib.suppress(ProcessLookupError):  # it ended
                     os.sched_setaffinity(tid, one)
-            moved |= pending
+                moved.add(tid)  # (as it goes: a failure below puts back exactly those moved)
     except OSError as exc:  # no /proc, or a CPU taken away meanwhile: the process runs as it was
         for tid in moved:
             with contextlib.suppress(OSError):

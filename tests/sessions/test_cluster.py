@@ -60,8 +60,9 @@ class Cluster:
     server: subprocess.Popen
     runners: dict = field(default_factory=dict)  # pid -> Popen
 
-    def call(self, method: str, path: str, body=None, token: str | None = None, raw: bytes | None = None):
-        return call_api(self.url, method, path, bearer=token or self.key, body=body, raw=raw)
+    def call(self, method: str, path: str, body=None, token: str | None = None, raw: bytes | None = None,
+             timeout: float = 60):
+        return call_api(self.url, method, path, bearer=token or self.key, body=body, raw=raw, timeout=timeout)
 
     def start_sleeper(self) -> tuple[dict, dict]:
         status, session = self.call("POST", "/api/v1/sessions", {"conversation_id": "cluster"})
@@ -237,12 +238,10 @@ def test_the_server_hears_its_runners_while_a_websocket_waits_and_after_one_leav
     with connect(url, subprotocols=["airlock.v1", f"airlock.token.{watched['token']}"]) as ws:
         assert json.loads(ws.recv(timeout=20))["event"] == "session.state"  # joined; nothing more comes
         for _ in range(3):
-            status, session = call_api(cluster.url, "POST", "/api/v1/sessions", bearer=cluster.key,
-                                       body={"conversation_id": "while-watched"}, timeout=20)
+            status, session = cluster.call("POST", "/api/v1/sessions", {"conversation_id": "while-watched"}, timeout=20)
             assert status == 201, session
     for _ in range(3):  # and once it left (its consumer's receive was cancelled)
-        status, session = call_api(cluster.url, "POST", "/api/v1/sessions", bearer=cluster.key,
-                                   body={"conversation_id": "after-watched"}, timeout=20)
+        status, session = cluster.call("POST", "/api/v1/sessions", {"conversation_id": "after-watched"}, timeout=20)
         assert status == 201, session
 
 
