@@ -1,4 +1,4 @@
-"""The runner's end of a sandbox's supervisor (supervisor.py): requests out, frames in.
+"""The runner's end of a sandbox's supervisor (supervisor.c): requests out, frames in.
 
 The channel is the container's attach stream: Docker multiplexes the container's stdout and
 stderr on it (8-byte headers: stream, 0, 0, 0, big-endian size), and the supervisor's own frames
@@ -10,7 +10,7 @@ destroyed), both get CLOSED."""
 import contextlib
 import json
 import logging
-import marshal
+import os
 import queue
 import socket
 import struct
@@ -26,6 +26,24 @@ class ChannelClosed(Exception):
     """The supervisor is gone: its sandbox died or was destroyed."""
 
 
+def exec_request(id: int, argv: list[str], cwd: str, env: dict[str, str], timeout_s: float, max_output: int,
+                 stdin: bytes | None) -> bytes:
+    """An exec, as supervisor.c reads it; UnicodeEncodeError where a string cannot be a file
+    name (a lone surrogate). Strings as exec takes them: os.fsencode."""
+    strings = [os.fsencode(cwd), *map(os.fsencode, argv), *(os.fsencode(f"{k}={v}") for k, v in env.items())]
+    strings += [] if stdin is None else [stdin]
+    timeout_ms = min(max(1, round(timeout_s * 1000)), 2**32 - 1)
+    head = b"e" + struct.pack(">IIQIIB", id, timeout_ms, max_output, len(argv), len(env), stdin is not None)
+    return head + b"".join(struct.pack(">I", len(string)) + string for string in strings)
+
+
+def kill_request(id: int) -> bytes:
+    return b"k" + struct.pack(">I", id)
+
+
+DISK_REQUEST = b"d"
+
+
 class SupervisorChannel:
     def __init__(self, sock: socket.socket, name: str):
         self.sock = sock
@@ -37,12 +55,11 @@ class SupervisorChannel:
         self._reader = threading.Thread(target=self._read, name=f"supervisor-{name}", daemon=True)
         self._reader.start()
 
-    def send(self, request: dict) -> None:
-        """A request, framed as the supervisor reads it (length, then marshal: it reads no json)."""
-        payload = marshal.dumps(request)
+    def send(self, request: bytes) -> None:
+        """A request (exec_request, kill_request, DISK_REQUEST), after its length."""
         with self._send_lock:
             try:
-                self.sock.sendall(struct.pack(">I", len(payload)) + payload)
+                self.sock.sendall(struct.pack(">I", len(request)) + request)
             except OSError:
                 raise ChannelClosed("the sandbox's supervisor is gone") from None
 
@@ -55,7 +72,7 @@ class SupervisorChannel:
             raise ChannelClosed("the sandbox's supervisor is gone")
         return json.loads(payload)
 
-    def ask(self, request: dict, timeout_s: float) -> dict:
+    def ask(self, request: bytes, timeout_s: float) -> dict:
         """One question, one answer; questions take turns, and an answer that came after its
         asker gave up is dropped, not taken for the next one's."""
         with self._ask_lock:

@@ -5,7 +5,7 @@ debootstrap tree), no-new-privileges, pids / memory / CPU limits, and
 size-limited tmpfs mounts for /workspace and /tmp, the only writable places: no /dev/shm (IPC
 mode `none`) and a read-only /dev/mqueue.
 
-Its main process, pid 1, is Airlock's supervisor (supervisor.py), which runs every command and
+Its main process, pid 1, is Airlock's supervisor (supervisor.c), which runs every command and
 collects every orphan (no docker-init: under gVisor one more process costs ~25 ms): the runner
 sends it requests and reads its frames over the container's attach stream (channel.py), so a
 command costs no `docker exec`. The supervisor runs as the container's root with three
@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
@@ -53,7 +52,14 @@ from sessions.runtimes.base import (
     sandbox_env,
     workspace_cwd,
 )
-from sessions.runtimes.channel import CLOSED, ChannelClosed, SupervisorChannel
+from sessions.runtimes.channel import (
+    CLOSED,
+    DISK_REQUEST,
+    ChannelClosed,
+    SupervisorChannel,
+    exec_request,
+    kill_request,
+)
 
 log = logging.getLogger("airlock.runtimes")
 NOBODY = "65534:65534"
@@ -67,7 +73,6 @@ RUNSC_FIX = (
     '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open"]}}} '
     "in /etc/docker/daemon.json, then reload dockerd (kill -HUP $(pidof dockerd))"
 )
-SUPERVISOR = (Path(__file__).with_name("supervisor.py")).read_text()
 SUPERVISOR_CAPS = ["SETUID", "SETGID", "KILL"]
 READY_S = 30  # for the supervisor's first frame (gVisor's start on a loaded host is slow)
 UNRESPONSIVE_S = 5  # past a command's deadline, a supervisor that has not ended it is given up on
@@ -105,7 +110,6 @@ class DockerDriver(Driver):
         self._checked = False
         self._host_uds = False  # gVisor lets a sandbox connect to a host Unix socket mounted into it
         self._image_imported = False
-        self._said_fork = False  # the warning that a tree has no spawner, once
 
     @property
     def client(self) -> docker.DockerClient:
@@ -130,6 +134,9 @@ class DockerDriver(Driver):
             raise RuntimeUnavailable(f"Docker has no runtime {self.gvisor_runtime!r}; {RUNSC_FIX}")
         args = runtimes.get(self.gvisor_runtime, {}).get("runtimeArgs") or []
         self._host_uds = self.isolation != "gvisor" or any(arg in {"--host-uds=open", "--host-uds=all"} for arg in args)
+        if not (rootfs.require().path / rootfs.SUPERVISOR.lstrip("/")).exists():
+            raise RuntimeUnavailable(f"the root filesystem has no supervisor, its sandboxes' pid 1 (it was built "
+                                     f"without a C compiler); {rootfs.SUPERVISOR_FIX}")
         self.image_digest, self._image_imported = ensure_image(self.client)
         self._checked = True
 
@@ -220,14 +227,12 @@ class DockerDriver(Driver):
             # Docker's own masked paths, and the host's boot options: /proc/cmdline is not the
             # sandbox's business (the Engine API's HostConfig.MaskedPaths replaces the default list).
             host_config["MaskedPaths"] = MASKED_PATHS
-            # posix_spawn only where the kernel keeps a pid namespace's init from the signals it
-            # does not handle: gVisor delivers them (supervisor.py, Supervisor.spawn_posix). A
-            # pool's gVisor sandbox, idle until claimed, warms up meanwhile (Supervisor.warm).
-            spawn = (["warm"] if warm else []) if self.isolation == "gvisor" else ["posix-spawn"]
+            # A pool's gVisor sandbox, idle until claimed, warms up meanwhile (supervisor.c, warm).
             # Attached stdin, closed when the runner's end closes (it died, or let go): that ends
             # the supervisor, and the sandbox with it.
             container = api.create_container(
-                rootfs.IMAGE, ["python3", "-I", "-S", "-c", SUPERVISOR, *spawn], name=name,
+                rootfs.IMAGE, [rootfs.SUPERVISOR, *(["warm"] if warm and self.isolation == "gvisor" else [])],
+                name=name,
                 hostname="sandbox", user="0:0", working_dir="/", environment={}, stdin_open=True, detach=False,
                 labels={**labels, LABEL_DRIVER: self.name, rootfs.DIGEST_LABEL: self.image_digest},
                 host_config=host_config,
@@ -269,17 +274,6 @@ class DockerDriver(Driver):
             raise SandboxError(f"the sandbox's supervisor did not start: {exc}") from None
         if ready.get("reply") != "ready":
             raise SandboxError(f"the sandbox's supervisor said {ready!r} first, not that it is ready")
-        self._spawned(sandbox, ready)
-
-    def _spawned(self, sandbox: Sandbox, frame: dict) -> None:
-        """How its supervisor starts commands, as its ready frame and each exit say (a gVisor
-        tree whose spawner did not build or load forks: warned once)."""
-        sandbox.handle["spawn"] = str(frame.get("spawn", sandbox.handle.get("spawn", "")))
-        if sandbox.handle["spawn"] == "fork" and not self._said_fork:
-            self._said_fork = True
-            log.warning("the root filesystem's spawner did not build or load (sessions/runtimes/spawn.c): %s "
-                        "commands start by fork, ~3x slower; install gcc, then manage.py build_rootfs --force",
-                        self.name)
 
     def _channel(self, sandbox: Sandbox) -> SupervisorChannel:
         with self._lock:
@@ -342,16 +336,22 @@ class DockerDriver(Driver):
         timeout_s = min(timeout_s or limits.command_timeout_s, limits.command_timeout_s)
         channel = self._channel(sandbox)
         started = time.monotonic()
-        running = _Running(id=next(self._ids))
+        running = _Running(id=next(self._ids) % 2**32)
+        try:
+            request = exec_request(running.id, argv, cwd, sandbox_env(sandbox.spec, env), timeout_s,
+                                   limits.max_output_bytes,
+                                   stdin if stdin is None or isinstance(stdin, bytes) else stdin.read())
+        except UnicodeEncodeError:  # as exec would fail: the command's, not the sandbox's
+            yield Chunk(stream="stderr", data=f"airlock: cannot run {argv[0]!r}: an argument, the environment or "
+                                              "the cwd cannot be encoded\n".encode(errors="replace"))
+            yield ExitStatus(exit_code=127, reason="exited", duration_ms=0, output_bytes=0)
+            return
         with self._lock:
             if sandbox.id in self._running:
                 raise SandboxError("a command is already running in this sandbox")
             self._running[sandbox.id] = running
         try:
-            channel.send({"op": "exec", "id": running.id, "argv": argv, "cwd": cwd,
-                          "env": sandbox_env(sandbox.spec, env), "timeout_s": timeout_s,
-                          "max_output": limits.max_output_bytes,
-                          "stdin": stdin if stdin is None or isinstance(stdin, bytes) else stdin.read()})
+            channel.send(request)
         except ChannelClosed:
             with self._lock:
                 self._running.pop(sandbox.id, None)
@@ -363,7 +363,6 @@ class DockerDriver(Driver):
             for kind, payload in self._frames(channel, running):
                 if kind == b"x":
                     ended = payload
-                    self._spawned(sandbox, ended)
                     break
                 output_bytes += len(payload)
                 yield Chunk(stream="stdout" if kind == b"1" else "stderr", data=payload)
@@ -418,7 +417,7 @@ class DockerDriver(Driver):
     def _drain(self, channel: SupervisorChannel, running: _Running) -> None:
         """Kill a command nobody reads any more and drop what is left of it, up to its exit."""
         with contextlib.suppress(ChannelClosed):
-            channel.send({"op": "kill", "id": running.id})
+            channel.send(kill_request(running.id))
         for kind, _ in self._frames(channel, running, until=time.monotonic() + DRAIN_S):
             if kind == b"x":
                 return
@@ -446,7 +445,7 @@ class DockerDriver(Driver):
             channel = self._channels.get(sandbox.id)
         if running is not None and channel is not None:
             with contextlib.suppress(ChannelClosed):
-                channel.send({"op": "kill", "id": running.id})
+                channel.send(kill_request(running.id))
 
     def stats(self, sandbox: Sandbox) -> Stats:
         try:
@@ -459,7 +458,7 @@ class DockerDriver(Driver):
 
     def _disk(self, sandbox: Sandbox) -> int | None:
         try:
-            return int(self._channel(sandbox).ask({"op": "disk"}, STATS_S)["used"])
+            return int(self._channel(sandbox).ask(DISK_REQUEST, STATS_S)["used"])
         except (SandboxError, ChannelClosed, KeyError, TypeError, ValueError):
             return None
 

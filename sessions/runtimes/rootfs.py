@@ -26,13 +26,13 @@ from django.conf import settings
 
 from sessions.runtimes.base import RuntimeUnavailable
 from sessions.runtimes.linux import unmount
-from sessions.runtimes.supervisor import SPAWNER as SPAWNER_PATH
 
 IMAGE = "airlock/sandbox:bookworm"
-# gVisor's supervisor spawns commands with it (supervisor.py, SPAWNER), built with the host's C compiler.
-SPAWNER_SOURCE = Path(__file__).with_name("spawn.c")
-SPAWNER = SPAWNER_PATH.lstrip("/")  # in the tree
+# Docker and gVisor sandboxes' pid 1 (supervisor.c), built static with the host's C compiler.
+SUPERVISOR_SOURCE = Path(__file__).with_name("supervisor.c")
+SUPERVISOR = "/usr/local/lib/airlock/supervisor"  # in the tree, and in the image
 DIGEST_LABEL = "airlock.rootfs.digest"
+SUPERVISOR_FIX = "install gcc (apt-get install -y gcc), then run: manage.py build_rootfs --force"
 
 RECIPE = {
     "suite": "bookworm",
@@ -50,8 +50,8 @@ RECIPE = {
     # debootstrap copies these from the building host: its name and its resolvers stay out.
     "host_files": {"etc/hostname": "sandbox\n",
                    "etc/resolv.conf": "# No resolver: a sandbox has no network (docs/architecture.md).\n"},
-    "spawner": hashlib.sha256(SPAWNER_SOURCE.read_bytes()).hexdigest(),
-    "version": 3,
+    "supervisor": hashlib.sha256(SUPERVISOR_SOURCE.read_bytes()).hexdigest(),
+    "version": 4,
 }
 
 
@@ -155,7 +155,7 @@ def _build_locked(base: Path, progress: Callable[[str], None], meter: Meter) -> 
                                  "build_rootfs again")
     meter(records.fraction, "Pruning caches and computing the digest of the tree")
     _finish_tree(tree)
-    _build_spawner(tree, progress)
+    _build_supervisor(tree, progress)
     digest, size = _digest(tree)
     meter(1.0, "Done")
     shutil.rmtree(base, ignore_errors=True)
@@ -280,25 +280,23 @@ def _finish_tree(tree: Path) -> None:
     os.chmod(tree.parent, 0o755)  # noqa: S103 - sandboxes (uid 65534) must reach the tree
 
 
-def _build_spawner(tree: Path, progress: Callable[[str], None]) -> None:
-    """spawn.c into the tree, for the same C library (the host's is bookworm's, as the tree's; it
-    needs no symbol newer than glibc 2.14). Without a compiler, or where it fails, the tree is whole
-    all the same: gVisor's commands then start by fork, which each sandbox's driver warns of."""
+def _build_supervisor(tree: Path, progress: Callable[[str], None]) -> None:
+    """supervisor.c into the tree, static: it loads no library, so it starts in a few system
+    calls (under gVisor each costs ~70 us). Without a compiler, or where it fails, the tree is
+    whole all the same for bubblewrap; the Docker drivers refuse it, naming the fix."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        progress("  no C compiler (cc): gVisor sandboxes will start commands by fork, ~3x slower; "
-                 "install gcc, then run build_rootfs --force")
+        progress(f"  no C compiler (cc): Docker and gVisor sandboxes need the supervisor; {SUPERVISOR_FIX}")
         return
-    target = tree / SPAWNER
+    target = tree / SUPERVISOR.lstrip("/")
     target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    # -z now: every symbol bound at load, so the spawned child never runs the dynamic linker.
-    built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-Wall", "-Wl,-z,now", "-o", str(target),
-                            str(SPAWNER_SOURCE)], capture_output=True, text=True, check=False)
+    built = subprocess.run([compiler, "-O2", "-static", "-Wall", "-o", str(target), str(SUPERVISOR_SOURCE)],
+                           capture_output=True, text=True, check=False)
     if built.returncode != 0:
         target.unlink(missing_ok=True)
         said = built.stderr.strip().splitlines()
-        progress(f"  {compiler} could not build {SPAWNER_SOURCE.name} ({said[-1] if said else 'no message'}): "
-                 "gVisor sandboxes will start commands by fork, ~3x slower")
+        progress(f"  {compiler} could not build {SUPERVISOR_SOURCE.name} ({said[-1] if said else 'no message'}): "
+                 f"Docker and gVisor sandboxes need it; {SUPERVISOR_FIX}")
         return
     target.chmod(0o755)
 

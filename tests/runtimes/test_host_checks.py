@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from sessions.runtimes import get_driver
+from sessions.runtimes import get_driver, rootfs
 from sessions.runtimes.base import RuntimeUnavailable, SandboxError, SandboxSpec
 from sessions.runtimes.bubblewrap import BubblewrapDriver
 from sessions.runtimes.cgroups import CgroupManager
@@ -36,6 +36,21 @@ def test_an_unregistered_gvisor_runtime_names_the_fix(built_rootfs):
     driver = DockerDriver(isolation="gvisor", gvisor_runtime="runsc-not-registered")
     with pytest.raises(RuntimeUnavailable, match=r"runsc-not-registered.*daemon.json"):
         driver.check()
+
+
+def test_a_tree_built_without_a_compiler_has_no_supervisor_and_docker_refuses_it(monkeypatch, tmp_path,
+                                                                                built_rootfs):
+    """bubblewrap runs on such a tree; the Docker drivers name the fix instead of starting a
+    container whose pid 1 is missing."""
+    said = []
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc
+    rootfs._build_supervisor(tmp_path, said.append)
+    assert not (tmp_path / rootfs.SUPERVISOR.lstrip("/")).exists()
+    assert "no C compiler" in said[0] and "build_rootfs --force" in said[0]
+    checked_driver("docker", built_rootfs)  # an engine to ask
+    monkeypatch.setattr(rootfs, "SUPERVISOR", "/usr/local/lib/airlock/not-built")
+    with pytest.raises(RuntimeUnavailable, match=r"no supervisor.*apt-get install -y gcc.*build_rootfs --force"):
+        DockerDriver().check()
 
 
 def test_an_unknown_driver_is_refused():

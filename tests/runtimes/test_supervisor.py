@@ -1,6 +1,7 @@
 """The supervisor of Docker and gVisor sandboxes: a command can neither reach nor impersonate it,
 and a runner that lets go of a sandbox (it died) leaves nothing running in it. On real sandboxes."""
 
+import hashlib
 import json
 import shutil
 import struct
@@ -10,11 +11,11 @@ import uuid
 
 import pytest
 
-from sessions.runtimes import supervisor
 from sessions.runtimes.base import Limits, SandboxSpec
 from tests.runtimes.conftest import checked_driver
 from tests.runtimes.helpers import py, run
 
+WARM_SPAWNS = 2  # supervisor.c's: `true`, spawned by a pooled gVisor sandbox while it waits
 REACH = """
 import os
 mine = os.getpid()
@@ -115,17 +116,9 @@ def test_output_written_a_byte_at_a_time_comes_in_merged_frames_and_whole(superv
         assert len(result.chunks) < 20_000, len(result.chunks)  # not one frame per write
 
 
-def test_each_isolation_spawns_as_it_is_meant_to(supervised, sandbox):
-    """posix_spawn under runc; under gVisor the root filesystem's vfork spawner (spawn.c), at
-    a third of a fork's cost: one that did not build or load would fall back to fork, slower.
-    A command's exit says how it was spawned."""
-    assert run(supervised, sandbox, ["true"]).status.exit_code == 0
-    assert sandbox.handle["spawn"] == ("vfork" if supervised.name == "gvisor" else "posix_spawn")
-
-
 def test_a_pooled_gvisor_sandbox_warms_up_while_it_waits_and_keeps_nothing_of_it(supervised, sandbox):
     """Under gVisor a warm pool's sandbox spawns `true` while it waits for its claim
-    (Supervisor.warm): its first command comes after them (gVisor hands out a namespace's pids in
+    (supervisor.c, warm): its first command comes after them (gVisor hands out a namespace's pids in
     order, 1 being the supervisor) and finds only pid 1 and itself. A sandbox made for a session
     (the `sandbox` fixture) is used at once: it does not warm up. Under runc neither spawns
     anything before the command."""
@@ -134,7 +127,7 @@ def test_a_pooled_gvisor_sandbox_warms_up_while_it_waits_and_keeps_nothing_of_it
         time.sleep(2)  # waiting for its claim
         code = ("import json, os\n"
                 "print(json.dumps([os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit())]))")
-        for made, warmed in ((pooled, supervisor.WARM_SPAWNS), (sandbox, 0)):
+        for made, warmed in ((pooled, WARM_SPAWNS), (sandbox, 0)):
             mine, pids = listed = json.loads(py(supervised, made, code).stdout)
             assert pids == [1, mine], listed
             if supervised.name == "gvisor":
@@ -144,24 +137,19 @@ def test_a_pooled_gvisor_sandbox_warms_up_while_it_waits_and_keeps_nothing_of_it
 
 
 def test_the_search_along_path_goes_past_a_file_that_cannot_run(supervised, sandbox):
-    """Under gVisor, as os.execvpe searches: a file without a #! line (ENOEXEC) in the first
-    directory does not stop the search (runc's posix_spawn runs the first executable file it
-    finds, so there it does); where nothing runs, the first such error is the one reported."""
+    """As os.execvpe searches: a file without a #! line (ENOEXEC) in the first directory does
+    not stop the search; where nothing runs, the first such error is the one reported."""
     py(supervised, sandbox, "import os\nfor d, text in (('d1', 'no shebang'), ('d2', '#!/bin/sh\\necho second')):\n"
                             "    os.mkdir(d); open(d + '/hello', 'w').write(text); os.chmod(d + '/hello', 0o755)")
     found = run(supervised, sandbox, ["hello"], env={"PATH": "/workspace/d1:/workspace/d2"})
-    if supervised.name == "gvisor":
-        assert found.stdout == "second\n", found.stderr
-    else:
-        assert found.status.exit_code == 127 and "Exec format error" in found.stderr, found.stderr
+    assert found.stdout == "second\n", found.stderr
     refused = run(supervised, sandbox, ["hello"], env={"PATH": "/workspace/nothing:/workspace/d1"})
     assert refused.status.exit_code == 127 and "Exec format error" in refused.stderr, refused.stderr
 
 
 def test_a_sigint_does_not_end_the_supervisor(supervised, sandbox):
-    """Under runc the supervisor has 65534 as its real uid while it spawns a command, which a
-    process of the sandbox could signal then. Pid 1 gets only the signals it handles: it handles
-    none that would end it. Sent here from the host."""
+    """The supervisor ignores SIGINT (gVisor delivers to pid 1 what runc would drop). Sent here
+    from the host."""
     supervised.client.api.kill(sandbox.handle["container"], signal="SIGINT")
     time.sleep(0.5)
     assert supervised.client.api.inspect_container(sandbox.handle["container"])["State"]["Running"]
@@ -169,8 +157,8 @@ def test_a_sigint_does_not_end_the_supervisor(supervised, sandbox):
 
 
 def test_a_command_is_spawned_with_its_own_rights_only(supervised, sandbox):
-    """The command's cwd and program are looked up with its own rights (the supervisor takes its
-    uid for the spawn under runc; the forked child drops to it first under gVisor): a directory
+    """The command's cwd and program are looked up with its own rights (the spawned child drops
+    to them before it looks): a directory
     only it may enter works, one nobody may enter does not (the container's root has no right to
     override either), and what runs holds 65534 in every id."""
     setup = ("import os\nos.mkdir('/workspace/mine', 0o700)\nos.mkdir('/workspace/closed', 0o000)\n"
@@ -211,15 +199,12 @@ def racer(tmp_path_factory) -> bytes:
 
 
 def test_a_command_that_signals_pid_1_as_it_starts_never_stops_its_supervisor(supervised, sandbox, racer):
-    """Under runc the supervisor spawns as 65534 for a moment, and a command quick enough may
-    signal it then: the kernel drops what pid 1 does not handle. gVisor delivers such signals,
-    so there the supervisor never takes the command's uid: every attempt is refused."""
+    """The supervisor never takes the command's uid, not even while it spawns it: a command
+    that signals pid 1 the moment it starts is refused every time (gVisor would deliver it)."""
     write = "import os, sys; open('racer', 'wb').write(sys.stdin.buffer.read()); os.chmod('racer', 0o755)"
     assert run(supervised, sandbox, ["python3", "-c", write], stdin=racer).status.exit_code == 0
     said = {run(supervised, sandbox, ["./racer"]).stdout for _ in range(25)}
-    if supervised.name == "gvisor":
-        assert said == {"refused\n"}
-    assert said <= {"refused\n", "signalled\n"}
+    assert said == {"refused\n"}
     assert supervised.client.api.inspect_container(sandbox.handle["container"])["State"]["Running"]
     assert run(supervised, sandbox, ["true"]).status.exit_code == 0
 
@@ -229,3 +214,18 @@ def test_an_argument_no_file_name_can_hold_fails_its_command_not_the_supervisor(
     refused = run(supervised, sandbox, ["echo", "\ud800"])
     assert refused.status.exit_code == 127 and "cannot be encoded" in refused.stderr, refused.stderr
     assert run(supervised, sandbox, ["true"]).status.exit_code == 0
+
+
+def test_a_nul_byte_in_the_environment_fails_its_command_not_the_supervisor(supervised, sandbox):
+    """exec takes C strings: a variable that holds a NUL byte cannot be given, and says so."""
+    refused = run(supervised, sandbox, ["env"], env={"SPLIT": "a\0b"})
+    assert refused.status.exit_code == 127 and "holds a NUL byte" in refused.stderr, refused.stderr
+    assert run(supervised, sandbox, ["true"]).status.exit_code == 0
+
+
+def test_stdin_larger_than_a_pipe_and_a_read_comes_whole_and_in_order(supervised, sandbox):
+    """Written in turns as the command reads it: 5 MB of bytes, each position's own."""
+    data = bytes(range(256)) * (5 * 4096)
+    said = run(supervised, sandbox, ["python3", "-c", "import hashlib, sys\n"
+                                     "print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"], stdin=data)
+    assert said.stdout == hashlib.sha256(data).hexdigest() + "\n", said.stderr
