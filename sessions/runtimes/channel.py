@@ -10,7 +10,7 @@ destroyed), both get CLOSED."""
 import contextlib
 import json
 import logging
-import os
+import math
 import queue
 import socket
 import struct
@@ -28,12 +28,24 @@ class ChannelClosed(Exception):
 
 def exec_request(id: int, argv: list[str], cwd: str, env: dict[str, str], timeout_s: float, max_output: int,
                  stdin: bytes | None) -> bytes:
-    """An exec, as supervisor.c reads it; UnicodeEncodeError where a string cannot be a file
-    name (a lone surrogate). Strings as exec takes them: os.fsencode."""
-    strings = [os.fsencode(cwd), *map(os.fsencode, argv), *(os.fsencode(f"{k}={v}") for k, v in env.items())]
+    """An exec, as supervisor.c reads it. Strings are encoded as the sandbox's locale (C.UTF-8)
+    decodes file names, whatever the runner's own: UTF-8, undecodable bytes kept
+    (surrogateescape). ValueError, saying why, for what exec cannot take: a lone surrogate, a
+    variable's name that is empty or holds "=", a request of 4 GiB or more."""
+    if any(not name or "=" in name for name in env):
+        raise ValueError("an environment variable's name is empty or holds '='")
+    if not math.isfinite(timeout_s):
+        raise ValueError("the timeout is not a number of seconds")
+    try:
+        texts = (cwd, *argv, *(f"{name}={value}" for name, value in env.items()))
+        strings = [text.encode("utf-8", "surrogateescape") for text in texts]
+    except UnicodeEncodeError:
+        raise ValueError("an argument, the environment or the cwd cannot be encoded") from None
     strings += [] if stdin is None else [stdin]
     timeout_ms = min(max(1, round(timeout_s * 1000)), 2**32 - 1)
     head = b"e" + struct.pack(">IIQIIB", id, timeout_ms, max_output, len(argv), len(env), stdin is not None)
+    if len(head) + sum(4 + len(string) for string in strings) >= 2**32:
+        raise ValueError("the request, its stdin included, is 4 GiB or more")
     return head + b"".join(struct.pack(">I", len(string)) + string for string in strings)
 
 

@@ -337,25 +337,25 @@ class DockerDriver(Driver):
         channel = self._channel(sandbox)
         started = time.monotonic()
         running = _Running(id=next(self._ids) % 2**32)
-        try:
-            request = exec_request(running.id, argv, cwd, sandbox_env(sandbox.spec, env), timeout_s,
-                                   limits.max_output_bytes,
-                                   stdin if stdin is None or isinstance(stdin, bytes) else stdin.read())
-        except UnicodeEncodeError:  # as exec would fail: the command's, not the sandbox's
-            yield Chunk(stream="stderr", data=f"airlock: cannot run {argv[0]!r}: an argument, the environment or "
-                                              "the cwd cannot be encoded\n".encode(errors="replace"))
-            yield ExitStatus(exit_code=127, reason="exited", duration_ms=0, output_bytes=0)
-            return
         with self._lock:
             if sandbox.id in self._running:
                 raise SandboxError("a command is already running in this sandbox")
             self._running[sandbox.id] = running
         try:
-            channel.send(request)
+            channel.send(exec_request(running.id, argv, cwd, sandbox_env(sandbox.spec, env), timeout_s,
+                                      limits.max_output_bytes,
+                                      stdin if stdin is None or isinstance(stdin, bytes) else stdin.read()))
         except ChannelClosed:
             with self._lock:
                 self._running.pop(sandbox.id, None)
             raise SandboxError("the sandbox is not running (under gVisor an out-of-memory kill ends it)") from None
+        except ValueError as exc:  # what exec cannot take fails the command, as exec would, not the sandbox
+            with self._lock:
+                self._running.pop(sandbox.id, None)
+            yield Chunk(stream="stderr", data=f"airlock: cannot run {argv[0]!r}: {exc}\n".encode(errors="replace"))
+            yield ExitStatus(exit_code=127, reason="exited", duration_ms=round((time.monotonic() - started) * 1000),
+                             output_bytes=0)
+            return
         # The supervisor keeps the deadline; this one holds if the supervisor itself stops.
         backstop = deadlines.after(timeout_s + UNRESPONSIVE_S, lambda: self._give_up(sandbox, running))
         ended, output_bytes = None, 0

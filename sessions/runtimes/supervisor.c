@@ -52,6 +52,9 @@
 #define NOBODY 65534
 #define READ_BYTES 65536  /* one read of a pipe or of stdin, and the largest output frame */
 #define OUT_HIGH (1 << 20)  /* bytes of frames waiting for the runner before commands' pipes wait */
+#define TAIL_HOLD_NS 1000000  /* a command's output, under TAIL_SMALL bytes, waits this long for more */
+#define TAIL_SMALL 4096
+#define REQUESTS_KEPT (1 << 20)  /* bytes of the requests' buffer kept once it is empty */
 #define REAP_S 10  /* for every process of a command to be gone after SIGKILL */
 #define WARM_SPAWNS 2  /* of `true` in a warm pool's gVisor sandbox before its first request (warm) */
 #define PATH_BYTES 4096
@@ -85,6 +88,7 @@ struct queued {  /* an exec that came while a command ran */
 
 static struct buffer requests, out, tail;  /* tail: output not framed yet, merged while it waits */
 static char tail_kind;
+static int64_t tail_since;  /* when the tail's first byte came */
 static struct command current;
 static struct command *running;  /* &current while a command runs */
 static struct queued *queue_head, **queue_end = &queue_head;
@@ -162,8 +166,9 @@ static void seal(void) {
 }
 
 /* Output ("1", "2") waits in `tail`, merged with more of the same stream while the runner has
- * not taken what went before: a command writing a byte at a time costs the runner one frame per
- * turn, not one per write. */
+ * not taken what went before, or for up to TAIL_HOLD_NS while it is small: a command writing a
+ * byte at a time costs the runner a frame a millisecond at most, not one per write (the loop
+ * here takes a write in microseconds). Any other frame, an exit included, goes after it at once. */
 static void frame(char kind, const char *payload, size_t size) {
     int output = kind == '1' || kind == '2';
     if (output && kind == tail_kind && length(&tail) + size <= READ_BYTES) {
@@ -174,6 +179,7 @@ static void frame(char kind, const char *payload, size_t size) {
     if (output) {
         append(&tail, payload, size);
         tail_kind = kind;
+        tail_since = now_ns();
     } else {
         header(&out, kind, size);
         append(&out, payload, size);
@@ -184,8 +190,17 @@ static void reply(char kind, const char *json) {
     frame(kind, json, strlen(json));
 }
 
+/* Milliseconds until the tail is due to be framed (0: now). */
+static int64_t tail_wait_ms(void) {
+    if (length(&tail) >= TAIL_SMALL) {
+        return 0;
+    }
+    int64_t left = tail_since + TAIL_HOLD_NS - now_ns();
+    return left <= 0 ? 0 : (left + 999999) / 1000000;
+}
+
 static void flush(void) {
-    if (length(&out) == 0) {
+    if (length(&out) == 0 && length(&tail) && tail_wait_ms() == 0) {
         seal();  /* the runner took everything before: send what waited */
     }
     while (length(&out)) {
@@ -321,6 +336,7 @@ static void run_along_path(struct spawn *s) {
             }
         } else {
             last = ENAMETOOLONG;
+            saved = saved ? saved : last;
         }
         if (*end == '\0') {
             break;
@@ -415,7 +431,7 @@ static uint32_t take32(struct reader *r) {
 static char *take_string(struct reader *r, int *nul) {
     uint32_t size = take32(r);
     const char *at = take(r, size);
-    char *copy = malloc((size_t)size + 1);
+    char *copy = malloc(at ? (size_t)size + 1 : 1);  /* (a short request asks for nothing) */
     if (copy == NULL) {
         die("airlock supervisor: out of memory\n");
     }
@@ -478,7 +494,8 @@ static void start(const char *request, size_t size) {
         }
     }
     uint32_t stdin_size = has_stdin && *has_stdin ? take32(&r) : 0;
-    const char *stdin_data = has_stdin && *has_stdin ? take(&r, stdin_size) : NULL;
+    /* An empty stdin is /dev/null: a pipe with nothing to write would never be closed. */
+    const char *stdin_data = stdin_size ? take(&r, stdin_size) : NULL;
     int fds[2][2] = {{-1, -1}, {-1, -1}}, in[2] = {null_fd, -1};
     if (r.short_of_bytes) {
         refuse(id, argv[0], "the runner's request was malformed");
@@ -585,6 +602,10 @@ static int read_requests(void) {
         handle(requests.data + requests.start + 4, request);
         consume(&requests, 4 + request);
     }
+    if (length(&requests) == 0 && requests.capacity > REQUESTS_KEPT) {  /* a large stdin came: give it back */
+        free(requests.data);
+        requests = (struct buffer){0};
+    }
     return 1;
 }
 
@@ -659,6 +680,8 @@ static void pump(void) {
     if (command->stdin_fd >= 0 && command->stdin_left == 0) {
         close(command->stdin_fd);
         command->stdin_fd = -1;
+        free(command->stdin_data);  /* the sandbox's memory, not kept for the command's whole run */
+        command->stdin_data = NULL;
     }
     if (command->pid != 0) {
         collect();
@@ -702,7 +725,7 @@ static void serve(void) {
         struct command *command = running;
         struct pollfd fds[6] = {{.fd = 0, .events = POLLIN}, {.fd = wakeup_r, .events = POLLIN}};
         int count = 2, at_out = -1, at_pipe[2] = {-1, -1}, at_stdin = -1, timeout = -1;
-        if (length(&out) || length(&tail)) {
+        if (length(&out)) {
             at_out = count;
             fds[count++] = (struct pollfd){.fd = 1, .events = POLLOUT};
         }
@@ -723,6 +746,10 @@ static void serve(void) {
                 int64_t left_ms = (command->deadline_ns - now_ns() + 999999) / 1000000;
                 timeout = left_ms <= 0 ? 0 : left_ms < INT32_MAX ? (int)left_ms : INT32_MAX;
             }
+        }
+        if (length(&tail) && !length(&out)) {  /* a small tail held (frame): framed when due */
+            int held = (int)tail_wait_ms();
+            timeout = timeout < 0 || held < timeout ? held : timeout;
         }
         if (poll(fds, (nfds_t)count, timeout) < 0 && errno != EINTR) {
             die("airlock supervisor: poll failed\n");
@@ -791,7 +818,7 @@ int main(int argc, char **argv) {
     signal(SIGINT, SIG_IGN);
     keep_descriptors_to_itself();
     oom_path = oom_counters();
-    null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);  /* a command's stdin when it is given none */
+    null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);  /* a command's stdin when it is given none */
     int wakeup[2];
     if (null_fd < 0 || pipe2(wakeup, O_NONBLOCK | O_CLOEXEC)) {
         die("airlock supervisor: no descriptor for /dev/null or its wake-up pipe\n");
