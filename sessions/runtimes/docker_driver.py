@@ -62,7 +62,6 @@ from sessions.runtimes.channel import (
 )
 
 log = logging.getLogger("airlock.runtimes")
-NOBODY = "65534:65534"
 LABEL_SESSION = "airlock.session"
 LABEL_DRIVER = "airlock.driver"
 LABEL_POOL = "airlock.pool"
